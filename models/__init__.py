@@ -1,0 +1,42 @@
+"""Pure math of agent-adaptive PD serving (paper 000 §5.1–5.3, App. B, E.3).
+
+Iteration-time models (Eq. 1, 2) with the MoE expert-coverage term phi(B), request
+occupancy (Eq. 3, 4), cluster throughput Theta (Eq. 5), the planner gain test (Eq. 6),
+predicted TTFT with exposed fetch and copy price (Eq. 7, Alg. E.3), and nonnegative
+least-squares fitting. Nothing here does I/O or depends on other pdlab packages.
+"""
+
+from models.fitting import (
+    DecodeRegressor,
+    FitResult,
+    GramStats,
+    PrefillRegressor,
+    fit_from_gram,
+    mape,
+)
+from models.gain import CandidateGain, gain_test
+from models.iteration import DecodeModel, PrefillModel, phi
+from models.occupancy import NodeModel
+from models.throughput import cluster_throughput
+from models.ttft import FetchModel, predicted_ttft
+from models.work import RequestWork, attn_pairs
+
+__all__ = [
+    "CandidateGain",
+    "DecodeModel",
+    "DecodeRegressor",
+    "FetchModel",
+    "FitResult",
+    "GramStats",
+    "NodeModel",
+    "PrefillModel",
+    "PrefillRegressor",
+    "RequestWork",
+    "attn_pairs",
+    "cluster_throughput",
+    "fit_from_gram",
+    "gain_test",
+    "mape",
+    "phi",
+    "predicted_ttft",
+]

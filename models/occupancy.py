@@ -1,0 +1,59 @@
+"""Request occupancy and node service rates (paper 000 §5.1, Eq. 3–4).
+
+Prefill (Eq. 3): T_P^req(w) = c0*t_uc/t_bar + c1*t_uc + c2*A + c3*f*t_c
+Decode  (Eq. 4): T_D^req(w) = T_D(B) * t_out / (B * t_acc)
+mu = 1 / T^req. t_bar is the node's mean new tokens per prefill iteration and f the fraction
+of cached tokens it restores from host memory; the planner remeasures both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from models.iteration import DecodeModel, PrefillModel
+from models.work import RequestWork
+
+
+@dataclass(frozen=True, slots=True)
+class NodeModel:
+    """Fitted models of one node plus its remeasured t_bar and f."""
+
+    prefill: PrefillModel
+    decode: DecodeModel
+    mean_new_tokens: float = 8192.0  # t_bar
+    restore_fraction: float = 0.0  # f
+
+    def __post_init__(self) -> None:
+        if self.mean_new_tokens <= 0:
+            raise ValueError(f"mean_new_tokens (t_bar) must be > 0, got {self.mean_new_tokens}")
+        if not 0.0 <= self.restore_fraction <= 1.0:
+            raise ValueError(f"restore_fraction (f) must be in [0, 1], got {self.restore_fraction}")
+
+    def remeasured(self, mean_new_tokens: float, restore_fraction: float) -> NodeModel:
+        return replace(self, mean_new_tokens=mean_new_tokens, restore_fraction=restore_fraction)
+
+    def prefill_request_time(self, work: RequestWork) -> float:
+        """Eq. 3: seconds the request occupies this node in prefill."""
+        p = self.prefill
+        return (
+            p.c0 * work.t_uc / self.mean_new_tokens
+            + p.c1 * work.t_uc
+            + p.c2 * work.attn_pairs
+            + p.c3 * self.restore_fraction * work.t_c
+        )
+
+    def decode_request_time(self, work: RequestWork, batch_size: float) -> float:
+        """Eq. 4: seconds the request occupies this node in decode at batch size B."""
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be > 0, got {batch_size}")
+        return self.decode.iteration_time(batch_size) * work.t_out / (batch_size * work.t_acc)
+
+    def prefill_rate(self, work: RequestWork) -> float:
+        """mu_P = 1 / T_P^req (requests per second)."""
+        t = self.prefill_request_time(work)
+        return float("inf") if t <= 0 else 1.0 / t
+
+    def decode_rate(self, work: RequestWork, batch_size: float) -> float:
+        """mu_D = 1 / T_D^req (requests per second)."""
+        t = self.decode_request_time(work, batch_size)
+        return float("inf") if t <= 0 else 1.0 / t

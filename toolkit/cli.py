@@ -1,0 +1,31 @@
+"""The `pdlab` command line (SPEC §7): typer commands over the library, rich output."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="pdlab",
+    help="Analytics, modeling and control for agent-adaptive PD-disaggregated LLM serving.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+@app.callback()
+def _main() -> None:
+    """pdlab: simulate, fit, analyze and control PD-disaggregated serving of agents."""
+
+
+@app.command()
+def version() -> None:
+    """Print the pdlab version and the telemetry schema version."""
+    from importlib.metadata import version as dist_version
+
+    from telemetry.schema import SCHEMA_VERSION
+
+    typer.echo(f"pdlab {dist_version('pdlab')} (telemetry schema {SCHEMA_VERSION})")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()
