@@ -1,0 +1,193 @@
+"""Readers of telemetry as polars DataFrames, including runs still being written (SPEC §3).
+
+Each query opens an in-memory DuckDB connection, ATTACHes the database READ_ONLY and
+defines one view per SPEC §3 table:
+
+    typed empty template  UNION ALL BY NAME  <db table>  UNION ALL BY NAME  <live segments>
+
+The template gives every view all schema columns even when the DB was created by an
+external engine with fewer tables or columns, or does not exist yet. Live segments are
+taken only from runs that are not in `pdlab_live_finalized`; the writer can consolidate a
+run only while no reader holds the file, so a reader sees each row exactly once. The attach
+is held for one query (or one `connect()` block), because it blocks the writer's commits.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import polars as pl
+
+from telemetry import live, store
+from telemetry.errors import TelemetryError
+from telemetry.schema import FINALIZED_TABLE, META_TABLE, TABLES
+
+DB_ALIAS = "pdlab_db"
+LIVE_RUNS_VIEW = "pdlab_live_runs"
+
+
+def _template(table: str) -> str:
+    cols = ", ".join(
+        f'CAST(NULL AS {"VARCHAR" if c.sql == "JSON" else c.sql}) AS "{c.name}"'
+        for c in TABLES[table]
+    )
+    return f"SELECT {cols} WHERE false"
+
+
+class TelemetryReader:
+    """Reads a telemetry database and the live segments next to it."""
+
+    def __init__(
+        self, db_path: str | os.PathLike[str], lock_timeout_s: float = store.LOCK_TIMEOUT_S
+    ):
+        self.db_path = Path(db_path)
+        self.lock_timeout_s = lock_timeout_s
+
+    @contextmanager
+    def connect(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """An in-memory connection with the DB attached read-only and the table views defined.
+
+        Keep the block short: while it is open, writers cannot commit to the DB.
+        """
+        con = duckdb.connect()
+        try:
+            self._define_views(con)
+            yield con
+        finally:
+            con.close()
+
+    def sql(self, query: str, params: Sequence[Any] | None = None) -> pl.DataFrame:
+        with self.connect() as con:
+            rel = con.sql(query, params=list(params) if params is not None else None)
+            return pl.DataFrame() if rel is None else rel.pl()
+
+    def table(
+        self,
+        name: str,
+        run_id: str | None = None,
+        columns: Sequence[str] | None = None,
+        where: str | None = None,
+    ) -> pl.DataFrame:
+        """Rows of one table, optionally of one run, some columns, and a SQL `where` filter."""
+        if name not in TABLES:
+            raise TelemetryError(
+                f"unknown telemetry table {name!r}; tables are: {', '.join(TABLES)}"
+            )
+        allowed = [c.name for c in TABLES[name]]
+        cols = list(columns) if columns is not None else allowed
+        unknown = [c for c in cols if c not in allowed]
+        if unknown:
+            raise TelemetryError(
+                f"{name}: unknown column(s) {', '.join(unknown)}; columns are: {', '.join(allowed)}"
+            )
+        conds, params = [], []
+        if run_id is not None:
+            conds.append("run_id = ?")
+            params.append(run_id)
+        if where:
+            conds.append(f"({where})")
+        select = ", ".join(f'"{c}"' for c in cols)
+        query = f"SELECT {select} FROM {name}" + (f" WHERE {' AND '.join(conds)}" if conds else "")
+        with self.connect() as con:
+            if run_id is not None:
+                self._check_run(con, name, run_id)
+            return con.sql(query, params=params).pl()
+
+    def runs(self) -> pl.DataFrame:
+        """All runs, oldest first; `live` is true while a run's segments are not finalized."""
+        return self.sql(
+            f"SELECT r.*, r.run_id IN (SELECT run_id FROM {LIVE_RUNS_VIEW}) AS live "
+            "FROM runs r ORDER BY r.started_at, r.run_id"
+        )
+
+    def resolve_run(self, run_id: str | None) -> str:
+        """`run_id` if known; with None, the only run (an error lists them if there are more)."""
+        ids = self.runs()["run_id"].to_list()
+        if run_id is None:
+            if len(ids) == 1:
+                return str(ids[0])
+            if not ids:
+                raise TelemetryError(f"{self.db_path} holds no runs")
+            raise TelemetryError(
+                f"{self.db_path} holds {len(ids)} runs; choose one of: {', '.join(ids)}"
+            )
+        if run_id not in ids:
+            raise TelemetryError(
+                f"unknown run {run_id!r} in {self.db_path}; runs: {', '.join(ids) or 'none'}"
+            )
+        return run_id
+
+    def nodes(self, run_id: str | None = None) -> pl.DataFrame:
+        rid = self.resolve_run(run_id)
+        return self.sql("SELECT * FROM nodes WHERE run_id = ? ORDER BY node_id", [rid])
+
+    def _check_run(self, con: duckdb.DuckDBPyConnection, table: str, run_id: str) -> None:
+        q = "SELECT 1 FROM runs WHERE run_id = ? LIMIT 1"
+        if con.execute(q, [run_id]).fetchall():
+            return
+        # Runs written by external engines may lack a runs row; data of the run still counts.
+        if con.execute(f"SELECT 1 FROM {table} WHERE run_id = ? LIMIT 1", [run_id]).fetchall():
+            return
+        known = [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()]
+        raise TelemetryError(
+            f"unknown run {run_id!r} in {self.db_path}; runs: {', '.join(known) or 'none'}"
+        )
+
+    def _define_views(self, con: duckdb.DuckDBPyConnection) -> None:
+        db_tables: dict[str, list[str]] = {}
+        finalized: set[str] = set()
+        if self.db_path.exists():
+            attach = f"ATTACH {store.sql_str(self.db_path)} AS {DB_ALIAS} (READ_ONLY)"
+            store.retry_locked(
+                lambda: con.execute(attach), self.db_path, self.lock_timeout_s, "read telemetry"
+            )
+            db_tables = store.table_columns(con, DB_ALIAS)
+            prefix = f"{DB_ALIAS}.main."
+            if META_TABLE in db_tables:
+                store.check_version(con, self.db_path, prefix, exact=False)
+            if FINALIZED_TABLE in db_tables:
+                rows = con.execute(f"SELECT run_id FROM {prefix}{FINALIZED_TABLE}").fetchall()
+                finalized = {r[0] for r in rows}
+        live_runs = [r for r in live.live_run_ids(self.db_path) if r not in finalized]
+        segs: dict[str, list[Path]] = {}
+        for run_id in live_runs:
+            for table, files in live.segments(self.db_path, run_id).items():
+                segs.setdefault(table, []).extend(files)
+        for table in TABLES:
+            parts = [_template(table)]
+            if table in db_tables:
+                parts.append(f"SELECT * FROM {DB_ALIAS}.main.{table}")
+            if segs.get(table):
+                src = f"SELECT * FROM {store.parquet_source(segs[table])} s"
+                keys = live.WRITTEN_THROUGH.get(table)
+                if keys and table in db_tables:
+                    match = " AND ".join(f"d.{k} = s.{k}" for k in keys)
+                    src += (
+                        f" WHERE NOT EXISTS (SELECT 1 FROM {DB_ALIAS}.main.{table} d WHERE {match})"
+                    )
+                parts.append(src)
+            con.execute(f"CREATE VIEW {table} AS " + " UNION ALL BY NAME ".join(parts))
+        ids = ", ".join(store.sql_str(r) for r in live_runs)
+        con.execute(
+            f"CREATE VIEW {LIVE_RUNS_VIEW} AS "
+            + (
+                f"SELECT unnest([{ids}]) AS run_id"
+                if ids
+                else "SELECT NULL::VARCHAR AS run_id WHERE false"
+            )
+        )
+
+
+def open_reader(db_path: str | os.PathLike[str]) -> TelemetryReader:
+    """A reader of `db_path`; it must exist, or live segments of a run must exist beside it."""
+    db = Path(db_path)
+    if not db.exists() and not live.live_run_ids(db):
+        raise TelemetryError(
+            f"no telemetry at {db}: neither the database nor live segments ({live.live_root(db)}) exist"
+        )
+    return TelemetryReader(db)

@@ -1,0 +1,191 @@
+"""The batched telemetry writer of one run (SPEC §3: Arrow batches, never one INSERT per event).
+
+Batches are validated at the boundary, buffered per table as Arrow tables, and flushed as
+atomically renamed Parquet segments under `<db>.live/<run_id>/` so other processes can read
+the run while it is written. `close()` consolidates the segments into the DuckDB file in one
+transaction. The runs row and nodes rows go to the DB at once (short transactions): they
+are small, they make the run visible, and node references are validated against them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import pyarrow as pa
+
+from telemetry import live, store
+from telemetry.errors import TelemetryError
+from telemetry.validate import check_new_nodes, validate_batch
+
+
+def new_run_id(now: datetime | None = None) -> str:
+    stamp = (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%S")
+    return f"run-{stamp}-{secrets.token_hex(3)}"
+
+
+def _naive_utc(ts: datetime) -> datetime:
+    return ts if ts.tzinfo is None else ts.astimezone(UTC).replace(tzinfo=None)
+
+
+class TelemetryWriter:
+    """Writes one run; implements `cluster.core.TelemetrySink` (`emit`).
+
+    Rows become visible to readers when flushed: when a table's buffer reaches
+    `segment_rows`, when `flush_interval_s` has passed since the last flush (checked on
+    append: an idle writer keeps its buffer until `flush()`), and on `close()`.
+    """
+
+    def __init__(
+        self,
+        db_path: str | os.PathLike[str],
+        run_id: str | None = None,
+        source: str = "sim",
+        config: Mapping[str, Any] | None = None,
+        started_at: datetime | None = None,
+        segment_rows: int = 200_000,
+        flush_interval_s: float = 2.0,
+        *,
+        lock_timeout_s: float = store.LOCK_TIMEOUT_S,
+        compression: str = live.SEGMENT_COMPRESSION,
+    ) -> None:
+        if segment_rows < 1:
+            raise TelemetryError(f"segment_rows must be >= 1, got {segment_rows}")
+        self.db_path = Path(db_path)
+        self.run_id = live.check_run_id(run_id if run_id is not None else new_run_id())
+        self.segment_rows = segment_rows
+        self.flush_interval_s = flush_interval_s
+        self.lock_timeout_s = lock_timeout_s
+        self.compression = compression
+        self.rows_written: dict[str, int] = {}
+        self._buffers: dict[str, list[pa.Table]] = {}
+        self._buffered: dict[str, int] = {}
+        self._seq: dict[str, int] = {}
+        self._node_ids: set[int] = set()
+        self._closed = False
+        self._last_flush = time.monotonic()
+        runs_row = validate_batch(
+            "runs",
+            {
+                "started_at": [_naive_utc(started_at or datetime.now(UTC))],
+                "source": [source],
+                "config": [None if config is None else json.dumps(config, sort_keys=True)],
+            },
+            self.run_id,
+        )
+        self.live_dir = live.make_run_dir(self.db_path, self.run_id)
+        self._lock = live.RunLock(self.live_dir / live.LOCK_NAME)
+        try:
+            if not self._lock.try_acquire():
+                raise TelemetryError(f"run {self.run_id!r} is locked by another writer")
+            with store.transaction(self.db_path, lock_timeout_s, "register the run") as con:
+                if store.run_exists(con, self.db_path, self.run_id):
+                    raise TelemetryError(f"run {self.run_id!r} already exists in {self.db_path}")
+                store.insert(con, "runs", runs_row)
+            self._write("runs", runs_row)
+        except BaseException:
+            self._lock.release()
+            live.remove_run_dir(self.live_dir)
+            raise
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def buffered_rows(self, table: str | None = None) -> int:
+        """Rows validated but not yet flushed (all tables when `table` is None)."""
+        if table is None:
+            return sum(self._buffered.values())
+        return self._buffered.get(table, 0)
+
+    def add_nodes(self, rows: Any) -> None:
+        """Register nodes of the run (SPEC §3 nodes table); written to the DB at once."""
+        self._check_open()
+        batch = validate_batch("nodes", rows, self.run_id)
+        check_new_nodes(batch, self._node_ids)
+        if batch.num_rows == 0:
+            return
+        with store.transaction(self.db_path, self.lock_timeout_s, "register nodes") as con:
+            store.insert(con, "nodes", batch)
+        self._node_ids.update(batch.column("node_id").to_pylist())
+        self._write("nodes", batch)
+
+    def append(self, table: str, data: Any) -> None:
+        """Validate a batch of `table` rows and buffer it; a rejected batch leaves no trace."""
+        self._check_open()
+        if table == "runs":
+            raise TelemetryError(
+                "the runs row is written by TelemetryWriter(...); append other tables"
+            )
+        if table == "nodes":
+            self.add_nodes(data)
+            return
+        batch = validate_batch(table, data, self.run_id, self._node_ids)
+        if batch.num_rows:
+            self._buffers.setdefault(table, []).append(batch)
+            self._buffered[table] = self._buffered.get(table, 0) + batch.num_rows
+            if self._buffered[table] >= self.segment_rows:
+                self._flush_table(table)
+        if time.monotonic() - self._last_flush >= self.flush_interval_s:
+            self.flush()
+
+    def emit(self, table: str, columns: Mapping[str, Sequence[Any]]) -> None:
+        self.append(table, columns)
+
+    def flush(self) -> None:
+        """Write every buffered table as one Parquet segment; readers see the rows afterwards."""
+        for table in list(self._buffers):
+            self._flush_table(table)
+        self._last_flush = time.monotonic()
+
+    def close(self) -> None:
+        """Flush, then move the run's segments into the DB in one transaction.
+
+        If the DB stays locked (a reader holds it) past `lock_timeout_s`, raises
+        `TelemetryError`; the segments stay in place and `close()` may be called again, or
+        `telemetry.recover(db)` run later.
+        """
+        if self._closed:
+            return
+        self.flush()
+        store.finalize_run(self.db_path, self.run_id, self.lock_timeout_s)
+        self._closed = True
+        self._lock.release()
+        live.remove_run_dir(self.live_dir)
+
+    def __enter__(self) -> TelemetryWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        # Also on an exception: what was validly written is kept, the exception propagates.
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TelemetryError(f"the writer of run {self.run_id!r} is closed")
+
+    def _flush_table(self, table: str) -> None:
+        batches = self._buffers.get(table)
+        if batches:
+            self._write(table, pa.concat_tables(batches))
+        # Dropped only once the segment exists: a failed write keeps the rows buffered.
+        self._buffers.pop(table, None)
+        self._buffered.pop(table, None)
+
+    def _write(self, table: str, data: pa.Table) -> None:
+        seq = self._seq.get(table, 0)
+        live.write_segment(self.live_dir, table, seq, data, self.compression)
+        self._seq[table] = seq + 1
+        self.rows_written[table] = self.rows_written.get(table, 0) + data.num_rows
