@@ -200,7 +200,9 @@ def columns(table: str) -> tuple[Column, ...]:
     try:
         return TABLES[table]
     except KeyError:
-        raise KeyError(f"unknown telemetry table {table!r}; tables are: {', '.join(TABLES)}") from None
+        raise KeyError(
+            f"unknown telemetry table {table!r}; tables are: {', '.join(TABLES)}"
+        ) from None
 
 
 def arrow_schema(table: str) -> pa.Schema:
@@ -208,12 +210,18 @@ def arrow_schema(table: str) -> pa.Schema:
 
 
 def ddl(table: str) -> str:
-    cols = ",\n  ".join(f"{c.name} {c.sql}{'' if c.nullable else ' NOT NULL'}" for c in columns(table))
+    cols = ",\n  ".join(
+        f"{c.name} {c.sql}{'' if c.nullable else ' NOT NULL'}" for c in columns(table)
+    )
     return f"CREATE TABLE IF NOT EXISTS {table} (\n  {cols}\n)"
 
 
 def all_ddl() -> list[str]:
     stmts = [ddl(t) for t in TABLES]
-    stmts.append(f"CREATE TABLE IF NOT EXISTS {META_TABLE} (key VARCHAR PRIMARY KEY, value VARCHAR)")
-    stmts.append(f"CREATE TABLE IF NOT EXISTS {FINALIZED_TABLE} (run_id VARCHAR PRIMARY KEY, finalized_at TIMESTAMP)")
+    stmts.append(
+        f"CREATE TABLE IF NOT EXISTS {META_TABLE} (key VARCHAR PRIMARY KEY, value VARCHAR)"
+    )
+    stmts.append(
+        f"CREATE TABLE IF NOT EXISTS {FINALIZED_TABLE} (run_id VARCHAR PRIMARY KEY, finalized_at TIMESTAMP)"
+    )
     return stmts
