@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import typer
 
+from toolkit.commands_bench import bench_command
+from toolkit.commands_fit import fit_command, synth_logs_command
+
 app = typer.Typer(
     name="pdlab",
     help="Analytics, modeling and control for agent-adaptive PD-disaggregated LLM serving.",
@@ -25,6 +28,11 @@ def version() -> None:
     from telemetry.schema import SCHEMA_VERSION
 
     typer.echo(f"pdlab {dist_version('pdlab')} (telemetry schema {SCHEMA_VERSION})")
+
+
+app.command("fit")(fit_command)
+app.command("synth-logs")(synth_logs_command)
+app.command("bench")(bench_command)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,532 @@
+"""Fit the iteration-time models of every node of a run from DuckDB (paper 000 §5.1).
+
+Eq. 1 (prefill, c0..c3) and Eq. 2 (decode, d0..d2 with phi(B) of App. B.3) are fitted per
+node by relative-error NNLS (models.fitting). The rows never leave DuckDB: one SQL pass per
+phase sums, per node, per held-out flag and per bootstrap bucket, the Gram statistics
+(sum x_i x_j / y^2, sum x_i / y, count) — a few hundred rows whatever the log size — and
+a second pass over the held-out rows computes MAPE with the fitted coefficients passed as
+parameters. Rows are assigned to the held-out set and to buckets by a hash of
+(node_id, iter_id), so a split is deterministic and the same on every refit. Sums use
+DuckDB's fsum (compensated summation, order-independent in practice) so that refitting
+the same rows gives bit-identical coefficients.
+
+Decisions for logs written outside pdlab:
+- decode needs the node's moe_top_k / moe_experts from `nodes`; a node without a (valid)
+  row gets a message in its decode entry rather than a guess. moe_experts = 0 means a dense
+  model: phi(B) = 0 and d1 is fixed at 0 (noted).
+- rows with duration_s <= 0, non-finite values or negative features are excluded and
+  counted in the entry's message.
+- `save_fits` creates `model_fits` when absent and replaces the run's previous rows for the
+  refitted (node, phase) pairs in one transaction; failed fits leave earlier rows alone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal, NamedTuple, Protocol
+
+import duckdb
+import numpy as np
+
+from models.fitting import (
+    DECODE_TERMS,
+    PREFILL_TERMS,
+    FitError,
+    GramStats,
+    bootstrap_ci,
+    fit_from_gram,
+)
+from telemetry import TelemetryError, open_reader, store
+from telemetry.reader import DB_ALIAS
+from telemetry.validate import validate_batch
+
+Phase = Literal["prefill", "decode"]
+PHASES: tuple[Phase, ...] = ("prefill", "decode")
+ITERATION_TABLES = ("prefill_iterations", "decode_iterations")
+HASH_MOD = 10_000  # held-out split resolution: holdout is rounded to 1e-4
+NUM_BUCKETS = 64  # bootstrap resamples these hash buckets of training rows
+
+
+class FitInputError(Exception):
+    """The database cannot be fitted at all (missing file or tables, unknown/ambiguous run)."""
+
+
+class PhaseFit(NamedTuple):
+    """One node's fit of one phase. `coef` is None when it failed; `message` says why.
+
+    `samples` counts training rows, `samples_test` held-out rows; `mape` is held-out MAPE as
+    a fraction; `ci` the bootstrap 95% interval per coefficient; `fixed` terms held at 0.
+    On success `message` carries notes (excluded rows, dense model, ...) or is None.
+    """
+
+    phase: Phase
+    coef: tuple[float, ...] | None
+    samples: int
+    samples_test: int = 0
+    mape: float | None = None
+    ci: tuple[tuple[float, float], ...] | None = None
+    fixed: tuple[str, ...] = ()
+    message: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.coef is not None
+
+
+class NodeFit(NamedTuple):
+    node_id: int
+    prefill: PhaseFit
+    decode: PhaseFit
+
+
+class RunFit(NamedTuple):
+    run_id: str
+    nodes: tuple[NodeFit, ...]
+    holdout: float
+    fitted_at: datetime
+
+
+class _Reader(Protocol):
+    def connect(self) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _PhaseSql:
+    """How one phase's rows become features x (the model's design row) and validity."""
+
+    table: str
+    terms: tuple[str, ...]
+    features: tuple[str, ...]  # SQL for x_1..x_{p-1}; x_0 is the constant 1
+    valid: str
+    needs_moe: bool
+
+
+_PREFILL = _PhaseSql(
+    table="prefill_iterations",
+    terms=PREFILL_TERMS,
+    features=("t.t_uc::DOUBLE", "t.attn_pairs::DOUBLE", "t.t_rst::DOUBLE"),
+    valid=(
+        "t.duration_s > 0 AND isfinite(t.duration_s) AND t.t_uc >= 0 AND t.attn_pairs >= 0 "
+        "AND isfinite(t.attn_pairs) AND t.t_rst >= 0"
+    ),
+    needs_moe=False,
+)
+# phi(B) = 1 - (1 - k/E)^(t_fwd*B) = 1 - exp(t_fwd*B*ln(1 - k/E)); m.log_base = ln(1 - k/E),
+# 0 for a dense node (phi = 0).
+_DECODE = _PhaseSql(
+    table="decode_iterations",
+    terms=DECODE_TERMS,
+    features=("1.0 - exp(t.t_fwd * t.batch_size * m.log_base)", "t.batch_size::DOUBLE"),
+    valid="t.duration_s > 0 AND isfinite(t.duration_s) AND t.batch_size > 0 AND t.t_fwd > 0 AND isfinite(t.t_fwd)",
+    needs_moe=True,
+)
+_SQL = {"prefill": _PREFILL, "decode": _DECODE}
+
+
+@dataclass(slots=True)
+class _Agg:
+    """Accumulated Gram statistics of one node and phase (training rows per bucket)."""
+
+    buckets: list[GramStats] = field(default_factory=list)
+    num_train: int = 0
+    num_test: int = 0
+    num_invalid: int = 0
+
+    def train(self, p: int) -> GramStats:
+        total = GramStats.zeros(p)
+        for b in self.buckets:
+            total = total + b
+        return total
+
+
+@contextmanager
+def _connect(db: str | Path | _Reader) -> Iterator[tuple[Any, str, set[str]]]:
+    """(connection, label, tables in the DB file) for a path or a telemetry reader.
+
+    The connection is the reader's: SPEC §3 tables are views over the DB file plus the live
+    segments of runs still being written, so a live run can be fitted too.
+    """
+    if isinstance(db, str | Path):
+        path = Path(db)
+        if not path.is_file():
+            raise FitInputError(f"database file {str(path)!r} does not exist")
+        reader: _Reader = open_reader(path)
+        label = str(path)
+    else:
+        reader, label = db, str(getattr(db, "db_path", db))
+    try:
+        with reader.connect() as con:
+            rows = con.execute(
+                "SELECT table_name FROM duckdb_tables() WHERE database_name = ?", [DB_ALIAS]
+            ).fetchall()
+            yield con, label, {r[0] for r in rows}
+    except TelemetryError as exc:
+        raise FitInputError(str(exc)) from None
+    except duckdb.Error as exc:
+        raise FitInputError(f"cannot read {label} as a DuckDB telemetry database: {exc}") from None
+
+
+def _has_rows(con: Any, table: str, run_id: str | None = None) -> bool:
+    where = " WHERE run_id = ?" if run_id is not None else ""
+    args = [run_id] if run_id is not None else []
+    return bool(con.execute(f"SELECT 1 FROM {table}{where} LIMIT 1", args).fetchall())
+
+
+def _resolve_run(con: Any, run_id: str | None, label: str) -> str:
+    """The run to fit. Runs come from `runs`; logs written without a runs row (external
+    engines) are found through their iteration tables."""
+    runs = sorted(r[0] for r in con.execute("SELECT DISTINCT run_id FROM runs").fetchall())
+    if not runs:
+        union = " UNION ".join(f"SELECT DISTINCT run_id FROM {t}" for t in ITERATION_TABLES)
+        runs = sorted(r[0] for r in con.execute(union).fetchall() if r[0] is not None)
+    if run_id is not None:
+        if run_id in runs or any(_has_rows(con, t, run_id) for t in ITERATION_TABLES):
+            return run_id
+        shown = ", ".join(runs[:10]) + (f" ... ({len(runs)} in all)" if len(runs) > 10 else "")
+        raise FitInputError(f"no run {run_id!r} in {label}; runs: {shown or 'none'}")
+    if not runs:
+        raise FitInputError(f"{label} holds no runs")
+    if len(runs) > 1:
+        shown = ", ".join(runs[:10]) + (f" ... ({len(runs)} in all)" if len(runs) > 10 else "")
+        raise FitInputError(f"{label} holds {len(runs)} runs; choose one with --run: {shown}")
+    return runs[0]
+
+
+def _moe_shapes(con: Any, run_id: str) -> dict[int, tuple[int, int]]:
+    rows = con.execute(
+        "SELECT node_id, moe_top_k, moe_experts FROM nodes WHERE run_id = ?", [run_id]
+    ).fetchall()
+    return {int(n): (int(k or 0), int(e or 0)) for n, k, e in rows if n is not None}
+
+
+def _moe_problem(shape: tuple[int, int] | None) -> str | None:
+    if shape is None:
+        return (
+            "no row in `nodes` for this node, so moe_top_k / moe_experts (needed for phi(B)) "
+            "are unknown; add the node's row (moe_experts = 0 for a dense model)"
+        )
+    k, e = shape
+    if e < 0 or (e > 0 and not 0 < k <= e):
+        return f"`nodes` row has moe_top_k={k}, moe_experts={e}; need 1 <= moe_top_k <= moe_experts, or moe_experts = 0 (dense)"
+    return None
+
+
+def _values(rows: Sequence[Sequence[float | int]], names: Sequence[str]) -> tuple[str, list[Any]]:
+    """A parameterized VALUES list `(VALUES (?::INTEGER, ?::DOUBLE, ...), ...) m(names)`."""
+    casts = ", ".join(["?::INTEGER"] + ["?::DOUBLE"] * (len(names) - 1))
+    body = ", ".join(f"({casts})" for _ in rows)
+    return f"(VALUES {body}) AS m({', '.join(names)})", [v for r in rows for v in r]
+
+
+def _aggregate(
+    con: Any,
+    spec: _PhaseSql,
+    run_id: str,
+    node_ids: Sequence[int] | None,
+    threshold: int,
+    log_base: dict[int, float],
+) -> dict[int, _Agg]:
+    p = len(spec.terms)
+    feats = ["w", *(f"({f}) * w" for f in spec.features)]  # x_i / y
+    names = [f"x{i}" for i in range(p)]
+    pairs = [(i, j) for i in range(p) for j in range(i, p)]
+    sums = [f"fsum({names[i]} * {names[j]})" for i, j in pairs] + [f"fsum({n})" for n in names]
+    params: list[Any] = []
+    join = ""
+    if spec.needs_moe:
+        # Nodes without a usable MoE shape are absent from m: their x's are NULL and only
+        # their row counts are used (for the message).
+        rows = [(n, b) for n, b in log_base.items()] or [(-1, 0.0)]
+        values, params = _values(rows, ("node_id", "log_base"))
+        join = f"LEFT JOIN {values} ON m.node_id = t.node_id"
+    node_filter = ""
+    if node_ids is not None:
+        node_filter = f" AND t.node_id IN ({', '.join('?' for _ in node_ids)})"
+    sql = f"""
+        WITH s AS (
+            SELECT t.node_id AS node_id,
+                   hash(t.node_id, t.iter_id) AS h,
+                   coalesce({spec.valid}, false) AS ok,
+                   CASE WHEN ok THEN 1.0 / t.duration_s END AS w,
+                   {", ".join(f"{f} AS {n}" for f, n in zip(feats, names, strict=True))}
+            FROM {spec.table} t {join}
+            WHERE t.run_id = ?{node_filter}
+        )
+        SELECT node_id, ok, (h % {HASH_MOD}) < ? AS test, (h // {HASH_MOD}) % {NUM_BUCKETS} AS bucket,
+               count(*) AS n, {", ".join(sums)}
+        FROM s GROUP BY ALL
+    """
+    args = [*params, run_id, *(node_ids or []), threshold]
+    out: dict[int, _Agg] = {}
+    rows = sorted(con.execute(sql, args).fetchall(), key=lambda r: (r[0], r[1], r[2], r[3]))
+    for node, ok, test, _bucket, n, *vals in rows:
+        agg = out.setdefault(int(node), _Agg())
+        if not ok:
+            agg.num_invalid += n
+        elif test:
+            agg.num_test += n
+        else:
+            agg.num_train += n
+            if vals[0] is not None:  # NULL: a decode node without MoE shape, counted only
+                xtx = np.zeros((p, p))
+                for (i, j), v in zip(pairs, vals, strict=False):
+                    xtx[i, j] = xtx[j, i] = v
+                xty = np.asarray(vals[len(pairs) :], dtype=np.float64)
+                agg.buckets.append(GramStats(xtx, xty, float(n), int(n)))
+    return out
+
+
+def _heldout_mape(
+    con: Any,
+    spec: _PhaseSql,
+    run_id: str,
+    threshold: int,
+    coefs: dict[int, tuple[float, ...]],
+    log_base: dict[int, float],
+) -> dict[int, tuple[int, float]]:
+    """Held-out MAPE per node: second pass over the held-out rows only."""
+    if not coefs or threshold <= 0:
+        return {}
+    p = len(spec.terms)
+    cols = ["node_id", *(f"c{i}" for i in range(p)), "log_base"]
+    rows = [(n, *c, log_base.get(n, 0.0)) for n, c in coefs.items()]
+    values, params = _values(rows, cols)
+    pred = " + ".join(["m.c0", *(f"m.c{i + 1} * ({f})" for i, f in enumerate(spec.features))])
+    sql = f"""
+        SELECT t.node_id, count(*), fsum(abs(({pred}) - t.duration_s) / t.duration_s)
+        FROM {spec.table} t JOIN {values} ON m.node_id = t.node_id
+        WHERE t.run_id = ? AND coalesce({spec.valid}, false) AND hash(t.node_id, t.iter_id) % {HASH_MOD} < ?
+        GROUP BY t.node_id
+    """
+    res = con.execute(sql, [*params, run_id, threshold]).fetchall()
+    return {int(n): (int(c), float(s) / c) for n, c, s in res if c}
+
+
+def _fit_phase(
+    node: int, phase: Phase, agg: _Agg | None, moe_problem: str | None, bootstrap: int, seed: int
+) -> tuple[PhaseFit, list[str]]:
+    """Coefficients of one node and phase, or a PhaseFit carrying the reason it failed."""
+    spec = _SQL[phase]
+    where = f"node {node} {phase}"
+    if agg is None:
+        return PhaseFit(phase, None, 0, message=f"{where}: no {phase} iterations logged"), []
+    notes = []
+    if agg.num_invalid:
+        notes.append(
+            f"{agg.num_invalid} iterations excluded (duration_s <= 0, non-finite or negative values)"
+        )
+    valid = agg.num_train + agg.num_test
+    if moe_problem is not None:
+        msg = f"{where}: {valid} iterations but {moe_problem}"
+        return PhaseFit(phase, None, 0, agg.num_test, message=msg), notes
+    need = 2 * len(spec.terms) + 2
+    if agg.num_train < need:
+        detail = f"{valid} valid, {agg.num_test} held out"
+        if agg.num_invalid:
+            detail += f", {agg.num_invalid} excluded"
+        msg = f"{where}: only {agg.num_train} training iterations ({detail}), need at least {need}"
+        return PhaseFit(phase, None, agg.num_train, agg.num_test, message=msg), notes
+    try:
+        coef, fixed = fit_from_gram(
+            agg.train(len(spec.terms)), spec.terms, min_samples=need, always=(spec.terms[0],)
+        )
+    except FitError as exc:
+        return PhaseFit(phase, None, agg.num_train, agg.num_test, message=f"{where}: {exc}"), notes
+    ci = None
+    if bootstrap > 0:
+        try:
+            ci = bootstrap_ci(agg.buckets, spec.terms, resamples=bootstrap, seed=seed)
+        except FitError as exc:
+            notes.append(f"no confidence interval: {exc}")
+    coefs = tuple(float(c) for c in coef)
+    return PhaseFit(phase, coefs, agg.num_train, agg.num_test, None, ci, fixed), notes
+
+
+def fit_run(
+    db: str | Path | _Reader,
+    run_id: str | None = None,
+    node_ids: Iterable[int] | None = None,
+    holdout: float = 0.2,
+    bootstrap: int = 200,
+    seed: int = 0,
+) -> RunFit:
+    """Fit Eq. 1 and Eq. 2 per node of one run; never raises for one node's bad data.
+
+    `db` is a DuckDB path or a telemetry reader (anything with `.connect()`). `run_id` may
+    be omitted when the database holds one run. `holdout` is the fraction of iterations
+    (by hash of node_id, iter_id) kept out of the fit to measure MAPE; `bootstrap` the
+    number of bucket resamples for the 95% CIs (0 disables them). Raises FitInputError
+    when the database or run cannot be fitted at all.
+    """
+    if not 0.0 <= holdout < 1.0:
+        raise FitInputError(f"holdout must be a fraction in [0, 1), got {holdout}")
+    if bootstrap < 0:
+        raise FitInputError(f"bootstrap must be >= 0 resamples, got {bootstrap}")
+    threshold = round(holdout * HASH_MOD)
+    wanted = None if node_ids is None else sorted({int(n) for n in node_ids})
+    with _connect(db) as (con, label, db_tables):
+        present = [t for t in ITERATION_TABLES if t in db_tables or _has_rows(con, t)]
+        if not present:
+            raise FitInputError(
+                f"{label} has no prefill_iterations or decode_iterations table; "
+                f"tables present: {', '.join(sorted(db_tables)) or 'none'}"
+            )
+        run = _resolve_run(con, run_id, label)
+        shapes = _moe_shapes(con, run)
+        aggs = {
+            phase: _aggregate(con, _SQL[phase], run, wanted, threshold, _log_bases(shapes))
+            for phase in PHASES
+        }
+        nodes = sorted(set(shapes) | set(aggs["prefill"]) | set(aggs["decode"]))
+        if wanted is not None:
+            unknown = [n for n in wanted if n not in nodes]
+            if unknown:
+                raise FitInputError(f"node(s) {unknown} not in run {run!r}; nodes: {nodes}")
+            nodes = wanted
+        results = {
+            phase: _fit_nodes(
+                con, run, phase, nodes, aggs[phase], shapes, threshold, bootstrap, seed
+            )
+            for phase in PHASES
+        }
+    fits = []
+    for n in nodes:
+        entries = []
+        for phase in PHASES:
+            fit, notes = results[phase][n]
+            if fit.ok:
+                notes = notes + _success_notes(fit, shapes.get(n), holdout)
+            if notes:
+                fit = fit._replace(
+                    message="; ".join(([fit.message] if fit.message else []) + notes)
+                )
+            entries.append(fit)
+        fits.append(NodeFit(n, entries[0], entries[1]))
+    return RunFit(run, tuple(fits), holdout, datetime.now(UTC).replace(tzinfo=None))
+
+
+def _log_bases(shapes: dict[int, tuple[int, int]]) -> dict[int, float]:
+    """ln(1 - k/E) per node with a valid MoE shape (0 for dense: phi = 0)."""
+    return {
+        n: (0.0 if e == 0 else math.log1p(-k / e))
+        for n, (k, e) in shapes.items()
+        if _moe_problem((k, e)) is None
+    }
+
+
+def _fit_nodes(
+    con: Any,
+    run: str,
+    phase: Phase,
+    nodes: list[int],
+    aggs: dict[int, _Agg],
+    shapes: dict[int, tuple[int, int]],
+    threshold: int,
+    bootstrap: int,
+    seed: int,
+) -> dict[int, tuple[PhaseFit, list[str]]]:
+    """Fit one phase for every node, then measure held-out MAPE in one SQL pass."""
+    spec = _SQL[phase]
+    per = {}
+    for n in nodes:
+        problem = _moe_problem(shapes.get(n)) if spec.needs_moe else None
+        per[n] = _fit_phase(n, phase, aggs.get(n), problem, bootstrap, seed)
+    coefs = {n: fit.coef for n, (fit, _) in per.items() if fit.coef is not None}
+    for n, (count, value) in _heldout_mape(
+        con, spec, run, threshold, coefs, _log_bases(shapes)
+    ).items():
+        fit, notes = per[n]
+        per[n] = (fit._replace(mape=value, samples_test=count), notes)
+    return per
+
+
+def _success_notes(fit: PhaseFit, shape: tuple[int, int] | None, holdout: float) -> list[str]:
+    notes = []
+    if fit.phase == "decode" and shape is not None and shape[1] == 0:
+        notes.append("dense model (moe_experts = 0): phi(B) = 0, d1 fixed at 0")
+    elif "d1" in fit.fixed:
+        notes.append("phi(B) is 0 in every iteration: d1 fixed at 0")
+    if "c3" in fit.fixed:
+        notes.append("no host restores logged (t_rst = 0): c3 fixed at 0")
+    if fit.mape is None:
+        notes.append(
+            "no held-out MAPE (holdout = 0)" if holdout == 0 else "no held-out iterations for MAPE"
+        )
+    return notes
+
+
+def _phase_json(fit: PhaseFit) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "coef": list(fit.coef) if fit.coef is not None else None,
+        "mape": fit.mape,
+        "samples": fit.samples,
+        "samples_test": fit.samples_test,
+        "ci": [list(c) for c in fit.ci] if fit.ci is not None else None,
+        "fixed": list(fit.fixed),
+    }
+    if fit.message:
+        out["message"] = fit.message
+    return out
+
+
+def to_json(fit: RunFit) -> dict[str, Any]:
+    """The `pdlab fit --json` object: {"run_id", "nodes": [{"node_id", "prefill", "decode"}]}."""
+    return {
+        "run_id": fit.run_id,
+        "holdout": fit.holdout,
+        "nodes": [
+            {
+                "node_id": n.node_id,
+                "prefill": _phase_json(n.prefill),
+                "decode": _phase_json(n.decode),
+            }
+            for n in fit.nodes
+        ],
+    }
+
+
+def save_fits(db_path: str | Path, fit: RunFit) -> int:
+    """Store the successful fits in `model_fits`; returns the rows written.
+
+    Idempotent: in one transaction the run's previous rows for the refitted (node, phase)
+    pairs are deleted and the new ones inserted (telemetry.write_rows only inserts). The
+    rows pass the same boundary validation as every telemetry batch. A database created by
+    an external engine gets a `model_fits` table and nothing else.
+    """
+    path = Path(db_path)
+    if not path.is_file():
+        raise FitInputError(f"database file {str(path)!r} does not exist")
+    rows = [(n.node_id, f) for n in fit.nodes for f in (n.prefill, n.decode) if f.ok]
+    data = {
+        "node_id": [n for n, _ in rows],
+        "phase": [f.phase for _, f in rows],
+        "fitted_at": [fit.fitted_at] * len(rows),
+        "coef": [list(f.coef or ()) for _, f in rows],
+        "samples": [f.samples for _, f in rows],
+        "mape": [f.mape for _, f in rows],
+    }
+    try:
+        batch = validate_batch("model_fits", data, fit.run_id)
+        with store.transaction(
+            path, what="write model_fits", tables=["model_fits"], claim=False
+        ) as con:
+            con.register("pdlab_new_fits", batch)
+            try:
+                con.execute(
+                    "DELETE FROM model_fits USING pdlab_new_fits AS f "
+                    "WHERE model_fits.run_id = f.run_id AND model_fits.node_id = f.node_id "
+                    "AND model_fits.phase = f.phase"
+                )
+            finally:
+                con.unregister("pdlab_new_fits")
+            store.insert(con, "model_fits", batch)
+    except TelemetryError as exc:
+        raise FitInputError(f"cannot write model_fits: {exc}") from None
+    except duckdb.Error as exc:
+        raise FitInputError(f"cannot write model_fits to {str(path)!r}: {exc}") from None
+    return batch.num_rows
