@@ -13,6 +13,7 @@ from typing import Any
 # Suite name -> "module:function". Each suite returns a flat dict of figures.
 SUITES: dict[str, str] = {}
 SUITES["telemetry"] = "telemetry.bench:run"
+SUITES["fit"] = "toolkit.fit_bench:run"
 
 
 def register_suite(name: str, target: str) -> None:
