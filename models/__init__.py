@@ -19,7 +19,7 @@ from models.iteration import DecodeModel, PrefillModel, phi
 from models.occupancy import NodeModel
 from models.throughput import cluster_throughput
 from models.ttft import FetchModel, predicted_ttft
-from models.work import RequestWork, attn_pairs
+from models.work import MeanWork, RequestWork, attn_pairs
 
 __all__ = [
     "CandidateGain",
@@ -27,6 +27,7 @@ __all__ = [
     "DecodeRegressor",
     "FetchModel",
     "FitResult",
+    "MeanWork",
     "GramStats",
     "NodeModel",
     "PrefillModel",

@@ -60,7 +60,9 @@ class GramStats:
         return cls(xw.T @ xw, xw.sum(axis=0), float(len(y)), int(len(y)))
 
     def __add__(self, other: GramStats) -> GramStats:
-        return GramStats(self.xtx + other.xtx, self.xty + other.xty, self.yty + other.yty, self.n + other.n)
+        return GramStats(
+            self.xtx + other.xtx, self.xty + other.xty, self.yty + other.yty, self.n + other.n
+        )
 
     @property
     def p(self) -> int:
@@ -185,16 +187,24 @@ def bootstrap_ci(
     return tuple((float(a), float(b)) for a, b in zip(lo, hi, strict=True))
 
 
-def prefill_features(sum_t_uc: FloatArray, sum_attn_pairs: FloatArray, sum_t_rst: FloatArray) -> FloatArray:
+def prefill_features(
+    sum_t_uc: FloatArray, sum_attn_pairs: FloatArray, sum_t_rst: FloatArray
+) -> FloatArray:
     """Design matrix (1, sum t_uc, sum A, sum t_rst) of Eq. 1."""
     uc = np.asarray(sum_t_uc, dtype=np.float64)
-    return np.column_stack([np.ones_like(uc), uc, np.asarray(sum_attn_pairs, float), np.asarray(sum_t_rst, float)])
+    return np.column_stack(
+        [np.ones_like(uc), uc, np.asarray(sum_attn_pairs, float), np.asarray(sum_t_rst, float)]
+    )
 
 
-def decode_features(batch_size: FloatArray, t_fwd: FloatArray | float, top_k: int, num_experts: int) -> FloatArray:
+def decode_features(
+    batch_size: FloatArray, t_fwd: FloatArray | float, top_k: int, num_experts: int
+) -> FloatArray:
     """Design matrix (1, phi(B), B) of Eq. 2."""
     b = np.asarray(batch_size, dtype=np.float64)
-    return np.column_stack([np.ones_like(b), phi(b, top_k, num_experts, t_fwd) * np.ones_like(b), b])
+    return np.column_stack(
+        [np.ones_like(b), phi(b, top_k, num_experts, t_fwd) * np.ones_like(b), b]
+    )
 
 
 class _LinearNNLSRegressor(RegressorMixin, BaseEstimator):  # type: ignore[misc]
@@ -232,7 +242,9 @@ class PrefillRegressor(_LinearNNLSRegressor):
     def _design(self, x: FloatArray) -> FloatArray:
         a = np.asarray(x, dtype=np.float64)
         if a.ndim != 2 or a.shape[1] != 3:
-            raise ValueError(f"PrefillRegressor expects X with 3 columns (sum t_uc, sum A, sum t_rst), got shape {a.shape}")
+            raise ValueError(
+                f"PrefillRegressor expects X with 3 columns (sum t_uc, sum A, sum t_rst), got shape {a.shape}"
+            )
         return prefill_features(a[:, 0], a[:, 1], a[:, 2])
 
 
@@ -248,5 +260,7 @@ class DecodeRegressor(_LinearNNLSRegressor):
     def _design(self, x: FloatArray) -> FloatArray:
         a = np.asarray(x, dtype=np.float64)
         if a.ndim != 2 or a.shape[1] != 2:
-            raise ValueError(f"DecodeRegressor expects X with 2 columns (batch size, t_fwd), got shape {a.shape}")
+            raise ValueError(
+                f"DecodeRegressor expects X with 2 columns (batch size, t_fwd), got shape {a.shape}"
+            )
         return decode_features(a[:, 0], a[:, 1], self.top_k, self.num_experts)

@@ -19,10 +19,16 @@ from models.work import attn_pairs
 FloatArray = npt.NDArray[np.float64]
 
 
-def phi(batch_size: float | FloatArray, top_k: int, num_experts: int, t_fwd: float | FloatArray = 1.0):  # type: ignore[no-untyped-def]
+def phi(
+    batch_size: float | FloatArray, top_k: int, num_experts: int, t_fwd: float | FloatArray = 1.0
+):  # type: ignore[no-untyped-def]
     """Expected fraction of routed experts that t_fwd*B tokens select (App. B.3)."""
     if num_experts <= 0:
-        return np.zeros_like(np.asarray(batch_size, dtype=np.float64)) if isinstance(batch_size, np.ndarray) else 0.0
+        return (
+            np.zeros_like(np.asarray(batch_size, dtype=np.float64))
+            if isinstance(batch_size, np.ndarray)
+            else 0.0
+        )
     if not 0 < top_k <= num_experts:
         raise ValueError(f"top_k must be in 1..num_experts={num_experts}, got {top_k}")
     base = 1.0 - top_k / num_experts
@@ -57,7 +63,9 @@ class PrefillModel:
     def coef(self) -> tuple[float, float, float, float]:
         return (self.c0, self.c1, self.c2, self.c3)
 
-    def iteration_time(self, sum_t_uc: float, sum_attn_pairs: float, sum_t_rst: float = 0.0) -> float:
+    def iteration_time(
+        self, sum_t_uc: float, sum_attn_pairs: float, sum_t_rst: float = 0.0
+    ) -> float:
         return self.c0 + self.c1 * sum_t_uc + self.c2 * sum_attn_pairs + self.c3 * sum_t_rst
 
     def predict(self, features: FloatArray) -> FloatArray:
@@ -65,7 +73,9 @@ class PrefillModel:
         x = np.asarray(features, dtype=np.float64)
         return self.c0 + x[:, 0] * self.c1 + x[:, 1] * self.c2 + x[:, 2] * self.c3
 
-    def batch_time(self, t_uc: Sequence[float], t_c: Sequence[float], t_rst: Sequence[float] | None = None) -> float:
+    def batch_time(
+        self, t_uc: Sequence[float], t_c: Sequence[float], t_rst: Sequence[float] | None = None
+    ) -> float:
         """Iteration time of a batch given each request's (chunk's) t_uc, t_c, t_rst."""
         uc = np.asarray(t_uc, dtype=np.float64)
         c = np.asarray(t_c, dtype=np.float64)
@@ -89,7 +99,9 @@ class DecodeModel:
     t_fwd: float = 1.0
 
     @classmethod
-    def from_coef(cls, coef: Sequence[float], top_k: int = 8, num_experts: int = 256, t_fwd: float = 1.0) -> DecodeModel:
+    def from_coef(
+        cls, coef: Sequence[float], top_k: int = 8, num_experts: int = 256, t_fwd: float = 1.0
+    ) -> DecodeModel:
         d0, d1, d2 = _coefs(coef, 3, "decode model")
         return cls(d0, d1, d2, top_k, num_experts, t_fwd)
 
@@ -105,6 +117,8 @@ class DecodeModel:
             return 0.0
         return self.d0 + self.d1 * float(self.phi(batch_size, t_fwd)) + self.d2 * batch_size
 
-    def predict(self, batch_size: FloatArray, t_fwd: FloatArray | float | None = None) -> FloatArray:
+    def predict(
+        self, batch_size: FloatArray, t_fwd: FloatArray | float | None = None
+    ) -> FloatArray:
         b = np.asarray(batch_size, dtype=np.float64)
         return self.d0 + self.d1 * self.phi(b, t_fwd) + self.d2 * b

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from models.iteration import DecodeModel, PrefillModel
-from models.work import RequestWork
+from models.work import MeanWork, RequestWork
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +32,7 @@ class NodeModel:
     def remeasured(self, mean_new_tokens: float, restore_fraction: float) -> NodeModel:
         return replace(self, mean_new_tokens=mean_new_tokens, restore_fraction=restore_fraction)
 
-    def prefill_request_time(self, work: RequestWork) -> float:
+    def prefill_request_time(self, work: RequestWork | MeanWork) -> float:
         """Eq. 3: seconds the request occupies this node in prefill."""
         p = self.prefill
         return (
@@ -42,18 +42,18 @@ class NodeModel:
             + p.c3 * self.restore_fraction * work.t_c
         )
 
-    def decode_request_time(self, work: RequestWork, batch_size: float) -> float:
+    def decode_request_time(self, work: RequestWork | MeanWork, batch_size: float) -> float:
         """Eq. 4: seconds the request occupies this node in decode at batch size B."""
         if batch_size <= 0:
             raise ValueError(f"batch_size must be > 0, got {batch_size}")
         return self.decode.iteration_time(batch_size) * work.t_out / (batch_size * work.t_acc)
 
-    def prefill_rate(self, work: RequestWork) -> float:
+    def prefill_rate(self, work: RequestWork | MeanWork) -> float:
         """mu_P = 1 / T_P^req (requests per second)."""
         t = self.prefill_request_time(work)
         return float("inf") if t <= 0 else 1.0 / t
 
-    def decode_rate(self, work: RequestWork, batch_size: float) -> float:
+    def decode_rate(self, work: RequestWork | MeanWork, batch_size: float) -> float:
         """mu_D = 1 / T_D^req (requests per second)."""
         t = self.decode_request_time(work, batch_size)
         return float("inf") if t <= 0 else 1.0 / t

@@ -9,13 +9,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from models.occupancy import NodeModel
-from models.work import RequestWork
+from models.work import MeanWork, RequestWork
 
 
 def cluster_throughput(
     prefill_nodes: Sequence[NodeModel],
     decode_nodes: Sequence[NodeModel],
-    mean_work: RequestWork,
+    mean_work: RequestWork | MeanWork | MeanWork,
     mean_decode_requests: float,
 ) -> float:
     """Requests per second the split sustains for the mean work w_bar and decode load q_bar.

@@ -55,3 +55,22 @@ class RequestWork:
     @property
     def attn_pairs(self) -> float:
         return attn_pairs(self.t_uc, self.t_c)
+
+
+@dataclass(frozen=True, slots=True)
+class MeanWork:
+    """Average work of the requests of a planning slice (paper 000 §5.2, w_bar).
+
+    Eq. 3 is linear in t_uc, A and t_c, so averaging A itself (not A of the mean lengths)
+    makes the mean occupancy exact.
+    """
+
+    t_uc: float
+    attn_pairs: float
+    t_c: float
+    t_out: float
+    t_acc: float = 1.0
+
+    @property
+    def t_in(self) -> float:
+        return self.t_uc + self.t_c

@@ -46,9 +46,13 @@ def test_prefill_and_decode_iteration_times():
 
 
 def test_request_occupancy_eq3_eq4():
-    node = NodeModel(PrefillModel(0.02, 1e-5, 1e-10, 1e-7), DecodeModel(0.01, 0.02, 1e-4), 4096, 0.5)
+    node = NodeModel(
+        PrefillModel(0.02, 1e-5, 1e-10, 1e-7), DecodeModel(0.01, 0.02, 1e-4), 4096, 0.5
+    )
     w = RequestWork(t_uc=2048, t_c=10_000, t_out=500, t_acc=2)
-    expect = 0.02 * 2048 / 4096 + 1e-5 * 2048 + 1e-10 * attn_pairs(2048, 10_000) + 1e-7 * 0.5 * 10_000
+    expect = (
+        0.02 * 2048 / 4096 + 1e-5 * 2048 + 1e-10 * attn_pairs(2048, 10_000) + 1e-7 * 0.5 * 10_000
+    )
     assert node.prefill_request_time(w) == pytest.approx(expect)
     t_iter = node.decode.iteration_time(8)
     assert node.decode_request_time(w, 8) == pytest.approx(t_iter * 500 / (8 * 2))

@@ -1,0 +1,223 @@
+"""KV eviction policies and a capacity-bounded tier cache (paper 000 §5.3, Alg. E.2 l.16–21).
+
+Policies order blocks by a key, evicting the smallest first:
+- branch-aware: (1[R_b > 0], T_b) - blocks no active branch references go first, LRU within
+  each group (Evolving Infra's host-memory eviction);
+- lru: (T_b,) - the baseline of HiCache / SGLang / Dynamo.
+Ties break toward deeper blocks, so a node evicts leaves before their parents and its
+holdings stay prefix-closed (a radix cache never keeps a child without its parent).
+
+`TierCache` is one node's L1 (GPU) or L2 (host) with a token capacity. It keeps a lazily
+invalidated heap of keys; count changes re-key a block when its group flips. Every eviction
+reports the block's branch count and last access (the `evictions` table).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable
+from typing import NamedTuple, Protocol
+
+from cluster.core import BlockHash, Registry, Tier
+
+
+class EvictionPolicy(Protocol):
+    """Orders blocks for eviction; does not modify any state."""
+
+    name: str
+    uses_counts: bool
+
+    def key(self, count: int, last_access: float) -> tuple[float, ...]:
+        """Smaller keys are evicted first."""
+        ...
+
+
+class BranchAwareEviction:
+    name = "branch"
+    uses_counts = True
+
+    def key(self, count: int, last_access: float) -> tuple[float, ...]:
+        return (1.0 if count > 0 else 0.0, last_access)
+
+
+class LRUEviction:
+    name = "lru"
+    uses_counts = False
+
+    def key(self, count: int, last_access: float) -> tuple[float, ...]:
+        return (last_access,)
+
+
+EVICTION_POLICIES: Registry[EvictionPolicy] = Registry("eviction policy")
+EVICTION_POLICIES.register("branch")(BranchAwareEviction)
+EVICTION_POLICIES.register("lru")(LRUEviction)
+
+
+class Evicted(NamedTuple):
+    block_hash: BlockHash
+    tokens: int
+    branch_count: int
+    last_access: float
+
+
+class _Entry:
+    __slots__ = ("access", "depth", "pins", "stamp", "tokens")
+
+    def __init__(self, tokens: int, access: float, depth: int) -> None:
+        self.tokens = tokens
+        self.access = access
+        self.depth = depth
+        self.pins = 0
+        self.stamp = 0
+
+
+class TierCache:
+    """One tier of one node: blocks, token capacity, eviction order (see module docstring)."""
+
+    def __init__(
+        self,
+        node: int,
+        tier: Tier,
+        capacity_tokens: int,
+        policy: EvictionPolicy,
+        count_of: Callable[[BlockHash], int] | None = None,
+    ) -> None:
+        if capacity_tokens <= 0:
+            raise ValueError(f"capacity_tokens must be > 0, got {capacity_tokens}")
+        self.node = node
+        self.tier = tier
+        self.capacity_tokens = capacity_tokens
+        self.policy = policy
+        self.count_of = count_of or (lambda h: 0)
+        self.entries: dict[BlockHash, _Entry] = {}
+        self.used_tokens = 0
+        self._heap: list[tuple[object, ...]] = []
+        self._stamp = 0
+
+    def __contains__(self, h: object) -> bool:
+        return h in self.entries
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    @property
+    def free_tokens(self) -> int:
+        return self.capacity_tokens - self.used_tokens
+
+    def _push(self, h: BlockHash, e: _Entry) -> None:
+        self._stamp += 1
+        e.stamp = self._stamp
+        count = self.count_of(h) if self.policy.uses_counts else 0
+        heapq.heappush(self._heap, (*self.policy.key(count, e.access), -e.depth, self._stamp, h))
+        if len(self._heap) > 4 * len(self.entries) + 64:
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        heap = []
+        uses = self.policy.uses_counts
+        for h, e in self.entries.items():
+            count = self.count_of(h) if uses else 0
+            heap.append((*self.policy.key(count, e.access), -e.depth, e.stamp, h))
+        heapq.heapify(heap)
+        self._heap = heap
+
+    def insert(
+        self, hashes: Iterable[BlockHash], tokens: int, t: float, first_depth: int
+    ) -> list[Evicted]:
+        """Insert a chain of blocks (depths first_depth, first_depth+1, ...), evicting as needed.
+
+        Blocks already present are touched. Returns what was evicted to make room; blocks
+        that cannot fit (everything else pinned) are not inserted.
+        """
+        evicted: list[Evicted] = []
+        depth = first_depth
+        for h in hashes:
+            e = self.entries.get(h)
+            if e is not None:
+                if t > e.access:
+                    e.access = t
+                    self._push(h, e)
+            else:
+                if self.used_tokens + tokens > self.capacity_tokens:
+                    evicted.extend(self.evict(self.used_tokens + tokens - self.capacity_tokens))
+                    if self.used_tokens + tokens > self.capacity_tokens:
+                        break  # everything left is pinned
+                e = self.entries[h] = _Entry(tokens, t, depth)
+                self.used_tokens += tokens
+                self._push(h, e)
+            depth += 1
+        return evicted
+
+    def touch(self, hashes: Iterable[BlockHash], t: float) -> None:
+        for h in hashes:
+            e = self.entries.get(h)
+            if e is not None and t > e.access:
+                e.access = t
+                self._push(h, e)
+
+    def on_count_change(self, h: BlockHash, count: int) -> None:
+        """Re-key a block whose count changed (only the 0 <-> positive flip matters)."""
+        if self.policy.uses_counts:
+            e = self.entries.get(h)
+            if e is not None:
+                self._push(h, e)
+
+    def pin(self, hashes: Iterable[BlockHash]) -> None:
+        for h in hashes:
+            e = self.entries.get(h)
+            if e is not None:
+                e.pins += 1
+
+    def unpin(self, hashes: Iterable[BlockHash]) -> None:
+        for h in hashes:
+            e = self.entries.get(h)
+            if e is not None and e.pins > 0:
+                e.pins -= 1
+
+    def remove(self, h: BlockHash) -> bool:
+        e = self.entries.pop(h, None)
+        if e is None:
+            return False
+        self.used_tokens -= e.tokens
+        return True
+
+    def clear(self) -> list[BlockHash]:
+        gone = list(self.entries)
+        self.entries.clear()
+        self._heap.clear()
+        self.used_tokens = 0
+        return gone
+
+    def evict(self, need_tokens: int) -> list[Evicted]:
+        """Free at least `need_tokens` tokens in policy order, skipping pinned blocks."""
+        out: list[Evicted] = []
+        freed = 0
+        skipped: list[tuple[object, ...]] = []
+        heap = self._heap
+        entries = self.entries
+        while freed < need_tokens and heap:
+            item = heapq.heappop(heap)
+            h = item[-1]
+            e = entries.get(h)  # type: ignore[arg-type]
+            if e is None or e.stamp != item[-2]:
+                continue  # stale
+            if e.pins:
+                skipped.append(item)
+                continue
+            del entries[h]  # type: ignore[arg-type]
+            self.used_tokens -= e.tokens
+            freed += e.tokens
+            count = self.count_of(h)  # type: ignore[arg-type]
+            out.append(Evicted(h, e.tokens, count, e.access))  # type: ignore[arg-type]
+        for item in skipped:
+            heapq.heappush(heap, item)
+        return out
+
+    def check_invariants(self) -> None:
+        used = sum(e.tokens for e in self.entries.values())
+        if used != self.used_tokens:
+            raise AssertionError(f"node {self.node} {self.tier}: used {self.used_tokens} != {used}")
+        if used > self.capacity_tokens:
+            raise AssertionError(
+                f"node {self.node} {self.tier}: over capacity {used} > {self.capacity_tokens}"
+            )
