@@ -8,7 +8,7 @@ plane hands records to, and a string-keyed registry for policy families.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from enum import Enum
+from enum import StrEnum
 from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeVar
 
 Phase = Literal["prefill", "decode"]
@@ -22,7 +22,7 @@ class ConfigError(ValueError):
     """A configuration value is invalid; the message says what is allowed."""
 
 
-class KVEventKind(str, Enum):
+class KVEventKind(StrEnum):
     STORED = "stored"
     REMOVED = "removed"
     CLEARED = "cleared"
