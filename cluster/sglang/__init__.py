@@ -1,0 +1,30 @@
+"""Live SGLang (and vLLM) engines (SPEC §6): wire formats, ZMQ collectors, the SGLang stand-in.
+
+Nothing here imports sglang: the wire formats are re-declared from SGLang 0.5.23's and vLLM's
+sources (`wire`, `fpm`), and `standin` is a protocol-faithful fake SGLang server that runs on
+CPU so the live-cluster code can be tested without GPUs.
+"""
+
+from cluster.sglang.forward_metrics import ForwardMetricsCollector
+from cluster.sglang.fpm import ForwardPassMetrics, decode_fpm, encode_fpm, estimate_attn_pairs
+from cluster.sglang.kv_collector import KVEventCollector
+from cluster.sglang.publisher import ZmqBatchPublisher
+from cluster.sglang.subscriber import SequencedSubscriber, StreamStats
+from cluster.sglang.wire import BatchDecoder, WireError, encode_batch, kv_event_rows, to_int64
+
+__all__ = [
+    "BatchDecoder",
+    "ForwardMetricsCollector",
+    "ForwardPassMetrics",
+    "KVEventCollector",
+    "SequencedSubscriber",
+    "StreamStats",
+    "WireError",
+    "ZmqBatchPublisher",
+    "decode_fpm",
+    "encode_batch",
+    "encode_fpm",
+    "estimate_attn_pairs",
+    "kv_event_rows",
+    "to_int64",
+]

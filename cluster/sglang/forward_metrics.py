@@ -1,0 +1,100 @@
+"""Collect SGLang forward-pass metrics into `prefill_iterations` / `decode_iterations` (SPEC §3).
+
+Paper 000 §5.1 fits Eq. 1 and Eq. 2 per node on logged iterations; with a live SGLang engine
+those iterations come from `--enable-forward-pass-metrics` (wire and row mapping in
+`cluster.sglang.fpm`). The FPM publisher has no replay socket, so a gap is counted as lost
+iterations (the fit only needs a sample, not every pass). Heartbeats are skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from cluster.core import TelemetrySink
+from cluster.sglang.fpm import DecodeRow, ForwardPassMetrics, PrefillRow, decode_fpm, iteration_rows
+from cluster.sglang.subscriber import SequencedSubscriber, StreamStats
+from cluster.sglang.wire import WireError
+
+logger = logging.getLogger(__name__)
+
+MetricsCallback = Callable[[ForwardPassMetrics, PrefillRow | None, DecodeRow | None], None]
+
+
+class ForwardMetricsCollector:
+    """Subscribe to one node's FPM stream and emit one iteration row per forward pass."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        node_id: int = 0,
+        sink: TelemetrySink | None = None,
+        callbacks: Sequence[MetricsCallback] = (),
+        run_start_wall: float | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if node_id < 0:
+            raise ValueError(f"node_id must be >= 0, got {node_id}")
+        self.node_id = node_id
+        self.sink = sink
+        self.callbacks = list(callbacks)
+        self.run_start_wall = clock() if run_start_wall is None else run_start_wall
+        self._clock = clock
+        self.num_prefill_rows = 0
+        self.num_decode_rows = 0
+        self.num_heartbeats = 0
+        self._next_iter = 0
+        self._sub = SequencedSubscriber(endpoint, self._on_message, name=f"pdlab-fpm-{node_id}")
+
+    @property
+    def stats(self) -> StreamStats:
+        return self._sub.stats
+
+    def start(self) -> ForwardMetricsCollector:
+        self._sub.start()
+        return self
+
+    def stop(self) -> None:
+        self._sub.stop()
+
+    def __enter__(self) -> ForwardMetricsCollector:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _on_message(self, seq: int, payload: bytes, recovered: bool) -> None:
+        t_end = self._clock() - self.run_start_wall
+        try:
+            m = decode_fpm(payload)
+        except WireError as e:
+            self._sub._malformed(f"seq {seq}: {e}")
+            return
+        if m.is_heartbeat:
+            self.num_heartbeats += 1
+            return
+        prefill, decode = iteration_rows(m, t_end)
+        iter_id = self._next_iter
+        self._next_iter += 1
+        if self.sink is not None and prefill is not None:
+            self.num_prefill_rows += 1
+            self.sink.emit(
+                "prefill_iterations",
+                {"node_id": [self.node_id], "iter_id": [iter_id]}
+                | {k: [v] for k, v in prefill._asdict().items()},
+            )
+        if self.sink is not None and decode is not None:
+            self.num_decode_rows += 1
+            self.sink.emit(
+                "decode_iterations",
+                {"node_id": [self.node_id], "iter_id": [iter_id]}
+                | {k: [v] for k, v in decode._asdict().items()},
+            )
+        for cb in self.callbacks:
+            try:
+                cb(m, prefill, decode)
+            except Exception:
+                self._sub.stats.handler_errors += 1
+                logger.exception("forward-metrics callback %r failed", cb)

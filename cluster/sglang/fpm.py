@@ -1,0 +1,160 @@
+"""SGLang forward-pass metrics (FPM) -> prefill / decode iteration rows (paper 000 §5.1, Eq. 1–2).
+
+Wire (verified in `sglang/srt/observability/forward_pass_metrics.py`, SGLang 0.5.23): with
+`--enable-forward-pass-metrics` each scheduler rank binds a ZMQ PUB (IPC by default,
+``{forward_pass_metrics_ipc_name}.{dp_rank}``) and sends [topic b"", seq (8-byte big-endian),
+payload] per forward pass, where the payload is a msgpack *map* (plain msgspec Struct, not
+array_like): ForwardPassMetrics{version, worker_id, dp_rank, counter_id, wall_time,
+scheduled_requests{num_prefill_requests, sum_prefill_tokens, var_prefill_length,
+sum_prefill_kv_tokens, num_decode_requests, sum_decode_kv_tokens, var_decode_kv_tokens},
+queued_requests{num_prefill_requests, sum_prefill_tokens, var_prefill_length,
+num_decode_requests, sum_decode_kv_tokens, var_decode_kv_tokens}}. An all-zero message with
+wall_time 0 is an idle heartbeat. There is no timestamp: `wall_time` is the GPU span of the
+pass in seconds, so the row's t_start is the receive time minus wall_time.
+
+Field semantics (from `metrics_reporter._build_scheduled_request_metrics` and
+`schedule_policy.PrefillAdder`): sum_prefill_tokens = Σ extend lengths = Σt_uc of the pass
+(the chunk's new tokens); sum_prefill_kv_tokens = Σ prefix_lens = Σt_c (cached prefix plus
+earlier chunks); var_prefill_length = population variance of the *full prompt lengths*
+len(origin_input_ids), not of t_uc; sum_decode_kv_tokens = Σ seq_lens of decoding requests.
+
+ΣA (Eq. 1) is not sent, so it is estimated. With L_i = u_i + c_i (the request's prompt is
+fully in this pass after its cached prefix), ΣA = Σu_i c_i + Σu_i(u_i+1)/2
+= (ΣL_i² − Σc_i²)/2 + Σu_i/2, and ΣL² = n(σ_L² + L̄²) with L̄ = (Σu + Σc)/n is known;
+only Σc² is not, and is replaced by (Σc)²/n. This equals the brief's ū·Σc + (n(σ²+ū²) + nū)/2
+with σ² = σ_L², and its error is exactly +n·Var(c)/2 ≥ 0: exact when the cached lengths are
+equal (e.g. no cache hits), an overestimate otherwise. Mid-chunk requests (L_i > u_i + c_i)
+break the identity; the estimate is then clamped into the exact bounds
+[U²/(2n) + U/2, U·C + U²/2 + U/2]. tests/cluster/sglang measures the error.
+
+Mixed passes (prefill and decode requests in one forward, collocated mode) become one
+prefill row: a decoding request is one new token over seq_len − 1 cached tokens, so it adds
+1 to t_uc, seq_len − 1 to t_c and seq_len to ΣA. Decode rows use t_fwd = 1 (FPM carries no
+speculative acceptance). iter_id is the collector's own per-node counter, not the
+publisher's counter_id, which restarts with the engine.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import msgspec
+
+from cluster.sglang.wire import WireError
+
+FPM_VERSION = 1
+
+
+class ScheduledRequestMetrics(msgspec.Struct, frozen=True, gc=False):
+    num_prefill_requests: int = 0
+    sum_prefill_tokens: int = 0
+    var_prefill_length: float = 0.0
+    sum_prefill_kv_tokens: int = 0
+    num_decode_requests: int = 0
+    sum_decode_kv_tokens: int = 0
+    var_decode_kv_tokens: float = 0.0
+
+
+class QueuedRequestMetrics(msgspec.Struct, frozen=True, gc=False):
+    num_prefill_requests: int = 0
+    sum_prefill_tokens: int = 0
+    var_prefill_length: float = 0.0
+    num_decode_requests: int = 0
+    sum_decode_kv_tokens: int = 0
+    var_decode_kv_tokens: float = 0.0
+
+
+class ForwardPassMetrics(msgspec.Struct, frozen=True, gc=False):
+    """Same field names, order and defaults as SGLang's struct; unknown fields are ignored."""
+
+    version: int = FPM_VERSION
+    worker_id: str = ""
+    dp_rank: int = 0
+    counter_id: int = 0
+    wall_time: float = 0.0
+    scheduled_requests: ScheduledRequestMetrics = ScheduledRequestMetrics()
+    queued_requests: QueuedRequestMetrics = QueuedRequestMetrics()
+
+    @property
+    def is_heartbeat(self) -> bool:
+        s = self.scheduled_requests
+        return self.wall_time <= 0.0 and s.num_prefill_requests == 0 and s.num_decode_requests == 0
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder(ForwardPassMetrics)
+
+
+def encode_fpm(metrics: ForwardPassMetrics) -> bytes:
+    return _ENCODER.encode(metrics)
+
+
+def decode_fpm(payload: bytes) -> ForwardPassMetrics:
+    try:
+        return _DECODER.decode(payload)
+    except msgspec.DecodeError as e:
+        raise WireError(f"forward-pass metrics payload is invalid: {e}") from None
+
+
+def estimate_attn_pairs(
+    num_reqs: int, sum_t_uc: float, sum_t_c: float, var_input_len: float
+) -> float:
+    """ΣA of a prefill pass from FPM sums (module docstring): exact iff all t_c are equal."""
+    if num_reqs <= 0 or sum_t_uc <= 0:
+        return 0.0
+    n, u, c = float(num_reqs), float(sum_t_uc), float(sum_t_c)
+    mean_len = (u + c) / n
+    sum_len_sq = n * (max(var_input_len, 0.0) + mean_len * mean_len)
+    est = (sum_len_sq - c * c / n) / 2.0 + u / 2.0
+    lower = u * u / (2.0 * n) + u / 2.0
+    upper = u * c + u * u / 2.0 + u / 2.0
+    return min(max(est, lower), upper)
+
+
+class PrefillRow(NamedTuple):
+    t_start: float
+    duration_s: float
+    num_reqs: int
+    t_uc: int
+    attn_pairs: float
+    t_rst: int
+    t_c: int
+
+
+class DecodeRow(NamedTuple):
+    t_start: float
+    duration_s: float
+    batch_size: int
+    t_fwd: float
+    ctx_tokens: int
+
+
+def iteration_rows(
+    m: ForwardPassMetrics, t_end: float
+) -> tuple[PrefillRow | None, DecodeRow | None]:
+    """The prefill and/or decode row of one forward pass that ended at `t_end` (run seconds).
+
+    Heartbeats and passes without a positive wall_time give no rows.
+    """
+    if m.wall_time <= 0.0:
+        return None, None
+    s = m.scheduled_requests
+    t_start = max(0.0, t_end - m.wall_time)
+    n_p, n_d = s.num_prefill_requests, s.num_decode_requests
+    if n_p > 0:
+        pairs = estimate_attn_pairs(
+            n_p, s.sum_prefill_tokens, s.sum_prefill_kv_tokens, s.var_prefill_length
+        )
+        row = PrefillRow(
+            t_start,
+            m.wall_time,
+            n_p + n_d,
+            s.sum_prefill_tokens + n_d,
+            pairs + s.sum_decode_kv_tokens,
+            0,
+            s.sum_prefill_kv_tokens + max(0, s.sum_decode_kv_tokens - n_d),
+        )
+        return row, None
+    if n_d > 0:
+        return None, DecodeRow(t_start, m.wall_time, n_d, 1.0, s.sum_decode_kv_tokens)
+    return None, None
