@@ -1,0 +1,402 @@
+"""Replay of recorded traces as agent programs (paper 003 §3.1-3.2, App. A; SPEC §5).
+
+A trace fixes the logical programs (turns, token counts, tool durations), not their serving
+trajectory: successor turns are still released causally, r_{k+1} = c_k + g_k (paper 003 §3.2).
+Formats, sniffed from the file's extension and first record:
+
+- SWE-agent turns (ThunderAgent, `.jsonl` with run/instance/step/input_tokens/...): one program
+  per (run, instance), turns in step order. Turn k appends input_k - (input_{k-1} + output_{k-1})
+  tokens when that is >= 0; otherwise the context shrank (the harness elided history) and the
+  turn is a "compact" turn keeping the first prompt (system + task) and re-sending the rest as
+  one new segment; `report.num_compactions` counts them. The gap before turn k is the recorded
+  agent-side pause llm_enter_k - llm_exit_{k-1} (tool execution `tool_s` plus observation and
+  harness overhead; the timestamps include both, `tool_s` alone would drop ~70% of the pause).
+  The programs replay as a closed loop at the recorded concurrency (`run` = bs1/bs4/bs32 ->
+  1/4/32 agents, `arrival_s` None); `recorded_turn_times` keeps the measured
+  (prefill_time_s, decode_time_s) of every turn for validation.
+- Mooncake (`.jsonl` with timestamp/input_length/output_length/hash_ids): one single-turn
+  program per line, arriving at timestamp/1000 s (open loop). Each hash_id is one 512-token
+  block and becomes the shared segment TRACE_BLOCK_BASE + hash_id, so equal hash_ids are equal
+  segments across programs; the last block holds input_length - 512 (n - 1) tokens. Records
+  whose blocks do not cover input_length exactly are repaired (blocks truncated, or the excess
+  appended as private tokens) and counted in `report.num_block_fixes`.
+- Azure LLM inference (`.csv` with arrived_at,num_prefill_tokens,num_decode_tokens): single-turn
+  open-loop programs with unique content (the trace has no prefix information).
+
+`next_program` hands out the trace's programs in order for closed-loop use; with `cycle=True`
+it starts over when they run out, giving repeated programs fresh ids for their private content
+(shared Mooncake blocks keep theirs, so repeats can hit blocks of earlier passes).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from cluster.core import ConfigError
+from cluster.workloads.builder import ProgramBuilder
+from cluster.workloads.program import SHARED_SEGMENT_LIMIT, Program, Segment, SegmentIds
+from cluster.workloads.source import TRACE_BLOCK_BASE, check_positive
+
+TRACE_FORMATS = ("sweagent", "mooncake", "azure")
+SWEAGENT_KEYS = (
+    "run",
+    "instance",
+    "step",
+    "input_tokens",
+    "output_tokens",
+    "llm_enter",
+    "llm_exit",
+)
+MOONCAKE_KEYS = ("timestamp", "input_length", "output_length")
+AZURE_KEYS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
+SWEAGENT_RUNS = {"bs1": 1, "bs4": 4, "bs32": 32}
+
+
+def project_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+def data_dir() -> Path:
+    """Real data: $PDLAB_DATA_DIR, else <project root>/../shared/data."""
+    env = os.environ.get("PDLAB_DATA_DIR")
+    return Path(env) if env else project_root().parent / "shared" / "data"
+
+
+def resolve_trace_path(spec: str | os.PathLike[str]) -> Path:
+    """The spec as a path (relative to the working directory), else under the data dir."""
+    path = Path(spec).expanduser()
+    tried = [path]
+    if not path.is_absolute():
+        tried += [data_dir() / path, data_dir() / "traces" / path]
+    for candidate in tried:
+        if candidate.is_file():
+            return candidate
+    raise ConfigError(f"trace file {str(spec)!r} not found (tried: {', '.join(map(str, tried))})")
+
+
+def sniff(path: Path) -> str:
+    """The trace format of `path`, from its extension and first record."""
+    if path.suffix.lower() == ".csv":
+        with path.open(newline="") as f:
+            header = next(csv.reader(f), [])
+        if set(AZURE_KEYS) <= {h.strip() for h in header}:
+            return "azure"
+        raise ConfigError(f"{path}: CSV header {header} lacks the Azure columns {list(AZURE_KEYS)}")
+    first = _first_record(path)
+    if isinstance(first, dict):
+        if set(SWEAGENT_KEYS) <= first.keys():
+            return "sweagent"
+        if set(MOONCAKE_KEYS) <= first.keys():
+            return "mooncake"
+    raise ConfigError(
+        f"{path}: unrecognised trace; expected JSON lines with {list(SWEAGENT_KEYS)} (SWE-agent) "
+        f"or {list(MOONCAKE_KEYS)} (Mooncake), or a CSV with {list(AZURE_KEYS)} (Azure)"
+    )
+
+
+def _first_record(path: Path) -> Any:
+    with path.open() as f:
+        for line in f:
+            if line.strip():
+                try:
+                    return json.loads(line)
+                except json.JSONDecodeError:
+                    return None
+    return None
+
+
+def _json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    with path.open() as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
+            if not isinstance(rec, dict):
+                raise ConfigError(f"{path}:{n}: expected a JSON object per line")
+            yield n, rec
+
+
+def _field(path: Path, n: int, rec: dict[str, Any], key: str, kind: type) -> Any:
+    if key not in rec:
+        raise ConfigError(f"{path}:{n}: missing field {key!r}")
+    value = rec[key]
+    ok = isinstance(value, kind) and not isinstance(value, bool)
+    if kind is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok:
+        raise ConfigError(f"{path}:{n}: field {key!r} must be {kind.__name__}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class TraceParams:
+    """Parameters of a trace replay (each applies to the formats named)."""
+
+    run: str = "bs32"  # sweagent: which recorded run (bs1 | bs4 | bs32 concurrent agents)
+    block_tokens: int = 512  # mooncake: tokens per hash block
+    time_scale: float = 1.0  # mooncake, azure: arrival times are multiplied by this
+    limit: int = 0  # read at most this many programs (0 = all)
+    cycle: bool = True  # next_program starts over (fresh private ids) when the trace runs out
+
+    def __post_init__(self) -> None:
+        if self.run not in SWEAGENT_RUNS:
+            raise ConfigError(
+                f"parameter 'run' must be one of {sorted(SWEAGENT_RUNS)}, got {self.run!r}"
+            )
+        check_positive("block_tokens", self.block_tokens)
+        check_positive("time_scale", self.time_scale)
+        if self.limit < 0:
+            raise ConfigError(f"parameter 'limit' must be >= 0, got {self.limit}")
+
+
+class TraceReport(NamedTuple):
+    """What reading the trace found."""
+
+    format: str
+    path: str
+    num_programs: int
+    num_turns: int
+    num_compactions: int  # sweagent: turns whose context shrank
+    num_block_fixes: int  # mooncake: records whose blocks did not cover input_length
+    num_skipped: int  # records without input tokens (not replayable)
+
+
+class TraceSource:
+    """A recorded trace as a workload source (see the module docstring)."""
+
+    def __init__(self, path: Path, params: TraceParams, *, seed: int = 0) -> None:
+        self.path = path
+        self.params = params
+        self.seed = seed  # traces are deterministic; kept for a uniform interface
+        self.format = sniff(path)
+        self.name = self.format
+        self.ids = SegmentIds()
+        self.recorded_concurrency: int | None = None
+        self.recorded_turn_times: dict[tuple[str, int], tuple[float, float]] | None = None
+        reader = {
+            "sweagent": self._read_sweagent,
+            "mooncake": self._read_mooncake,
+            "azure": self._read_azure,
+        }
+        self.programs, compactions, fixes, skipped = reader[self.format]()
+        if not self.programs:
+            raise ConfigError(f"{path}: no replayable programs (run={params.run!r}?)")
+        self.report = TraceReport(
+            self.format,
+            str(path),
+            len(self.programs),
+            sum(len(p.turns) for p in self.programs),
+            compactions,
+            fixes,
+            skipped,
+        )
+        self._next = 0
+
+    # -- source interface --------------------------------------------------------------------
+
+    def trace_programs(self) -> list[Program]:
+        return list(self.programs)
+
+    def target_concurrency(self, now: float) -> int | None:
+        return self.recorded_concurrency
+
+    def next_program(self, now: float, replacing: Program | None = None) -> Program:
+        index = self._next
+        self._next += 1
+        rnd, k = divmod(index, len(self.programs))
+        if rnd > 0 and not self.params.cycle:
+            raise ConfigError(
+                f"trace {self.path.name} has only {len(self.programs)} programs (cycle=False)"
+            )
+        prog = self.programs[k]
+        if rnd == 0:
+            return replace(prog, arrival_s=None)
+        return self._relabel(prog, rnd)
+
+    def _relabel(self, prog: Program, rnd: int) -> Program:
+        """A repeat of `prog` with fresh ids for its private content."""
+        fresh: dict[int, int] = {}
+
+        def new(seg_id: int) -> int:
+            if seg_id < SHARED_SEGMENT_LIMIT:
+                return seg_id
+            if seg_id not in fresh:
+                fresh[seg_id] = self.ids()
+            return fresh[seg_id]
+
+        turns = tuple(
+            replace(
+                t,
+                append=tuple(Segment(new(s.seg_id), s.tokens) for s in t.append),
+                output_seg=new(t.output_seg),
+            )
+            for t in prog.turns
+        )
+        return Program(f"{prog.program_id}~{rnd}", prog.workload, turns, None)
+
+    # -- readers -----------------------------------------------------------------------------
+
+    def _read_sweagent(self) -> tuple[list[Program], int, int, int]:
+        run = self.params.run
+        by_instance: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+        for n, rec in _json_lines(self.path):
+            if _field(self.path, n, rec, "run", str) == run:
+                by_instance.setdefault(_field(self.path, n, rec, "instance", str), []).append(
+                    (n, rec)
+                )
+        self.recorded_concurrency = SWEAGENT_RUNS[run]
+        self.recorded_turn_times = {}
+        # Programs in the order the recorded run started them.
+        order = sorted(
+            by_instance, key=lambda i: min(float(r["llm_enter"]) for _, r in by_instance[i])
+        )
+        if self.params.limit:
+            order = order[: self.params.limit]
+        programs: list[Program] = []
+        compactions = 0
+        for instance in order:
+            prog, c = self._sweagent_program(run, instance, by_instance[instance])
+            programs.append(prog)
+            compactions += c
+        return programs, compactions, 0, 0
+
+    def _sweagent_program(
+        self, run: str, instance: str, rows: list[tuple[int, dict[str, Any]]]
+    ) -> tuple[Program, int]:
+        path = self.path
+        rows = sorted(rows, key=lambda nr: _field(path, nr[0], nr[1], "step", int))
+        steps = [r["step"] for _, r in rows]
+        if len(set(steps)) != len(steps):
+            raise ConfigError(f"{path}: {run}/{instance} repeats a step number")
+        pid = f"{run}/{instance}"
+        b = ProgramBuilder(pid, "sweagent", self.ids)
+        compactions = 0
+        prev: dict[str, Any] | None = None
+        first: Segment | None = None
+        for i, (n, rec) in enumerate(rows):
+            inp = _field(path, n, rec, "input_tokens", int)
+            out = _field(path, n, rec, "output_tokens", int)
+            if inp <= 0 or out < 0:
+                raise ConfigError(f"{path}:{n}: input_tokens must be > 0 and output_tokens >= 0")
+            if prev is None:
+                first = b.seg(inp)
+                b.start("root", (first,), out)
+            else:
+                gap_s = max(0.0, _field(path, n, rec, "llm_enter", float) - float(prev["llm_exit"]))
+                grown = inp - (prev["input_tokens"] + prev["output_tokens"])
+                if grown >= 0:
+                    append = (b.seg(grown),) if grown > 0 else ()
+                    b.step("root", append, out, gap_s=gap_s, tool="bash")
+                else:
+                    # Context shrank: keep the first prompt if it still fits, re-send the rest.
+                    assert first is not None
+                    keep = 1 if first.tokens <= inp else 0
+                    rest = inp - first.tokens * keep
+                    append = (b.seg(rest),) if rest > 0 else ()
+                    b.compact("root", keep, append, out, gap_s=gap_s, tool="bash")
+                    compactions += 1
+            self.recorded_turn_times[(pid, i)] = (  # type: ignore[index]
+                float(rec.get("prefill_time_s", math.nan)),
+                float(rec.get("decode_time_s", math.nan)),
+            )
+            prev = rec
+        b.finish("root")
+        return b.build(), compactions
+
+    def _read_mooncake(self) -> tuple[list[Program], int, int, int]:
+        path, bt = self.path, self.params.block_tokens
+        block_tokens: dict[int, int] = {}  # hash_id -> tokens of its first use
+        programs: list[Program] = []
+        fixes = skipped = 0
+        for n, rec in _json_lines(path):
+            if self.params.limit and len(programs) >= self.params.limit:
+                break
+            ts = _field(path, n, rec, "timestamp", float)
+            inp = _field(path, n, rec, "input_length", int)
+            out = _field(path, n, rec, "output_length", int)
+            hashes = list(rec.get("hash_ids") or [])
+            if inp <= 0:
+                skipped += 1
+                continue
+            if out < 0:
+                raise ConfigError(f"{path}:{n}: output_length must be >= 0, got {out}")
+            b = ProgramBuilder(f"mooncake-{len(programs):06d}", "mooncake", self.ids)
+            segs, fixed = self._blocks(n, hashes, inp, bt, block_tokens, b)
+            fixes += fixed
+            b.start("root", segs, out)
+            b.finish("root")
+            programs.append(b.build(arrival_s=ts / 1000.0 * self.params.time_scale))
+        return programs, 0, fixes, skipped
+
+    def _blocks(
+        self,
+        n: int,
+        hashes: list[Any],
+        inp: int,
+        bt: int,
+        block_tokens: dict[int, int],
+        b: ProgramBuilder,
+    ) -> tuple[list[Segment], int]:
+        """Segments of one Mooncake request: shared 512-token blocks, repaired if inconsistent."""
+        fixed = 0
+        if any(not isinstance(h, int) or isinstance(h, bool) or h < 0 for h in hashes):
+            raise ConfigError(f"{self.path}:{n}: hash_ids must be non-negative integers")
+        if hashes and bt * (len(hashes) - 1) >= inp:  # more blocks than tokens
+            hashes = hashes[: math.ceil(inp / bt)]
+            fixed = 1
+        segs: list[Segment] = []
+        covered = 0
+        for j, h in enumerate(hashes):
+            tokens = bt if j < len(hashes) - 1 else min(bt, inp - covered)
+            seg_id = TRACE_BLOCK_BASE + h
+            if seg_id >= SHARED_SEGMENT_LIMIT:
+                raise ConfigError(
+                    f"{self.path}:{n}: hash_id {h} too large for the shared id range "
+                    f"(max {SHARED_SEGMENT_LIMIT - TRACE_BLOCK_BASE - 1})"
+                )
+            if block_tokens.setdefault(h, tokens) != tokens:
+                # Same id, different length: not the same content; keep it private.
+                segs.append(b.seg(tokens))
+                fixed = 1
+            else:
+                segs.append(Segment(seg_id, tokens))
+            covered += tokens
+        if covered < inp:
+            segs.append(b.seg(inp - covered))  # tokens beyond the blocks (or no blocks at all)
+            fixed = 1 if hashes else fixed
+        return segs, fixed
+
+    def _read_azure(self) -> tuple[list[Program], int, int, int]:
+        path = self.path
+        programs: list[Program] = []
+        skipped = 0
+        with path.open(newline="") as f:
+            for n, row in enumerate(csv.DictReader(f), 2):
+                if self.params.limit and len(programs) >= self.params.limit:
+                    break
+                try:
+                    arrived = float(row["arrived_at"])
+                    inp = int(float(row["num_prefill_tokens"]))
+                    out = int(float(row["num_decode_tokens"]))
+                except (KeyError, TypeError, ValueError) as exc:
+                    raise ConfigError(f"{path}:{n}: bad row {row} ({exc})") from None
+                if inp <= 0:
+                    skipped += 1
+                    continue
+                if out < 0:
+                    raise ConfigError(f"{path}:{n}: num_decode_tokens must be >= 0, got {out}")
+                b = ProgramBuilder(f"azure-{len(programs):06d}", "azure", self.ids)
+                b.start("root", (b.seg(inp),), out)
+                b.finish("root")
+                programs.append(b.build(arrival_s=arrived * self.params.time_scale))
+        return programs, 0, 0, skipped
