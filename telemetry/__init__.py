@@ -17,7 +17,9 @@ one process or read-only by many, never both. So the writer never keeps the file
 - `TelemetryWriter.close()` inserts all of the run's segments and its `pdlab_live_finalized`
   row in ONE transaction, then deletes the live directory. A reader that attached before the
   commit blocks it (the writer retries with backoff, ~30 s); one that attaches after sees
-  the run finalized and ignores leftover segments, so no row is ever seen twice.
+  the run finalized and ignores leftover segments, so no row is ever seen twice. While a
+  writer waits for the lock it holds a marker file (`<db>.live/.writing-*`, OS-locked), and
+  readers hold off new attaches until it is done, so polling readers cannot starve it.
 - A writer holds an OS lock on its live directory; `recover(db)` finalizes the runs whose
   writer died (lock free) and leaves running writers alone.
 """

@@ -12,7 +12,10 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import secrets
 import shutil
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
@@ -28,6 +31,10 @@ SEGMENT_COMPRESSION = "lz4"
 # runs and nodes rows are also written straight into the DB when the writer registers them;
 # their live copies only matter when the DB lacks the row (key), e.g. the DB file is missing.
 WRITTEN_THROUGH: dict[str, tuple[str, ...]] = {"runs": ("run_id",), "nodes": ("run_id", "node_id")}
+
+# A writer waiting for the DB lock holds a marker; readers hold off new attaches while one
+# is held, so a reader polling in a loop cannot starve the writer's commit.
+WRITE_MARKER = ".writing-"
 
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -106,6 +113,38 @@ def remove_run_dir(base: Path) -> None:
     root = base.parent
     with contextlib.suppress(OSError):  # only succeeds when no other run is live
         root.rmdir()
+
+
+@contextlib.contextmanager
+def write_intent(db_path: str | os.PathLike[str]) -> Iterator[None]:
+    """Mark that this process wants the DB lock (held as an OS lock: dies with the process)."""
+    root = live_root(db_path)
+    root.mkdir(parents=True, exist_ok=True)
+    marker = RunLock(root / f"{WRITE_MARKER}{os.getpid()}-{secrets.token_hex(4)}")
+    marker.try_acquire()
+    try:
+        yield
+    finally:
+        marker.release()
+        marker.path.unlink(missing_ok=True)
+
+
+def wait_for_writers(db_path: str | os.PathLike[str], timeout_s: float) -> None:
+    """Wait (at most `timeout_s`) while a writer of another connection wants the DB lock."""
+    root = live_root(db_path)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        waiting = False
+        for path in root.glob(WRITE_MARKER + "*"):
+            probe = RunLock(path)
+            if probe.try_acquire():  # nobody holds it: a dead writer's (or a finished) marker
+                probe.release()
+                path.unlink(missing_ok=True)
+            else:
+                waiting = True
+        if not waiting:
+            return
+        time.sleep(0.01)
 
 
 class RunLock:

@@ -142,6 +142,7 @@ class TelemetryReader:
         db_tables: dict[str, list[str]] = {}
         finalized: set[str] = set()
         if self.db_path.exists():
+            live.wait_for_writers(self.db_path, self.lock_timeout_s)
             attach = f"ATTACH {store.sql_str(self.db_path)} AS {DB_ALIAS} (READ_ONLY)"
             store.retry_locked(
                 lambda: con.execute(attach), self.db_path, self.lock_timeout_s, "read telemetry"

@@ -56,7 +56,7 @@ def retry_locked(fn: Callable[[], R], db_path: Path, timeout_s: float, what: str
                     f"{timeout_s:g} s (DuckDB: {exc})"
                 ) from exc
             time.sleep(delay)
-            delay = min(delay * 1.6, 0.5)
+            delay = min(delay * 1.6, 0.1)
 
 
 def sql_str(value: str | os.PathLike[str]) -> str:
@@ -143,17 +143,18 @@ def transaction(
     claim: bool = True,
 ) -> Iterator[duckdb.DuckDBPyConnection]:
     """Open the DB read-write (retrying while locked), ensure the schema, run one transaction."""
-    con = retry_locked(lambda: duckdb.connect(os.fspath(db_path)), db_path, timeout_s, what)
-    try:
-        con.begin()
-        ensure_schema(con, db_path, tables, claim)
-        yield con
-        con.commit()
-    except BaseException:
-        con.rollback()
-        raise
-    finally:
-        con.close()
+    with live.write_intent(db_path):
+        con = retry_locked(lambda: duckdb.connect(os.fspath(db_path)), db_path, timeout_s, what)
+        try:
+            con.begin()
+            ensure_schema(con, db_path, tables, claim)
+            yield con
+            con.commit()
+        except BaseException:
+            con.rollback()
+            raise
+        finally:
+            con.close()
 
 
 def run_exists(con: duckdb.DuckDBPyConnection, db_path: Path, run_id: str) -> bool:
