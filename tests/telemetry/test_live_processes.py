@@ -172,6 +172,7 @@ def test_close_blocked_in_process_can_be_retried(db, rows, nodes):
 def test_readers_yield_to_a_writer_waiting_for_the_lock(db):
     TelemetryWriter(db, run_id="a").close()
     stale = live.live_root(db) / f"{live.WRITE_MARKER}999-dead"  # left by a killed writer
+    stale.parent.mkdir(exist_ok=True)
     stale.touch()
     live.wait_for_writers(db, 5.0)
     assert not stale.exists()
