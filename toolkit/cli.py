@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from toolkit.commands_bench import bench_command
+from toolkit.commands_collect import collect_app
 from toolkit.commands_fit import fit_command, synth_logs_command
 
 app = typer.Typer(
@@ -33,6 +34,7 @@ def version() -> None:
 app.command("fit")(fit_command)
 app.command("synth-logs")(synth_logs_command)
 app.command("bench")(bench_command)
+app.add_typer(collect_app, name="collect")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,246 @@
+"""`pdlab collect`: live engine telemetry (SGLang / vLLM over ZMQ) into DuckDB (SPEC §3, §6, §7).
+
+`pdlab collect kv-events` subscribes to an engine's KV event publisher (gap recovery through
+`--replay`, restarts, reconnects) and writes the `kv_events` table; `pdlab collect
+forward-metrics` subscribes to SGLang's forward-pass metrics and writes `prefill_iterations`
+and `decode_iterations` (the logs `pdlab fit` fits Eq. 1–2 on). Both register the node,
+show a status line (events/s, gaps recovered, losses) and stop cleanly on Ctrl-C, SIGTERM or
+after `--seconds`, flushing everything received.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.live import Live
+
+collect_app = typer.Typer(
+    help="Collect live engine telemetry (SGLang/vLLM ZMQ streams) into a DuckDB file.",
+    no_args_is_help=True,
+)
+
+
+class _LockedSink:
+    """Serializes the collector thread's emits with the main thread's flushes."""
+
+    def __init__(self, writer: Any) -> None:
+        self.writer = writer
+        self.lock = threading.Lock()
+        self.errors = 0
+        self.last_error: str | None = None
+
+    def emit(self, table: str, columns: Mapping[str, Sequence[Any]]) -> None:
+        with self.lock:
+            try:
+                self.writer.emit(table, columns)
+            except Exception as e:
+                # A rejected batch is reported on the status line and at exit; the stream goes on.
+                self.errors += 1
+                self.last_error = str(e)
+                raise
+
+    def flush(self) -> None:
+        with self.lock:
+            self.writer.flush()
+
+
+def _check_endpoint(value: str | None, option: str) -> None:
+    if value is not None and not (value.startswith(("tcp://", "ipc://", "inproc://"))):
+        raise typer.BadParameter(
+            f"{value!r} is not a ZMQ endpoint; use tcp://HOST:PORT or ipc://PATH", param_hint=option
+        )
+
+
+def _open_writer(
+    db: Path,
+    run_id: str | None,
+    node_id: int,
+    node_name: str | None,
+    hardware: str,
+    config: dict[str, Any],
+    run_start_wall: float,
+) -> Any:
+    from telemetry import TelemetryError, TelemetryWriter
+
+    if node_id < 0:
+        raise typer.BadParameter(f"must be >= 0, got {node_id}", param_hint="--node-id")
+    try:
+        writer = TelemetryWriter(
+            db,
+            run_id=run_id,
+            source="sglang",
+            config=config,
+            started_at=datetime.fromtimestamp(run_start_wall, UTC),
+        )
+        writer.add_nodes(
+            {
+                "node_id": [node_id],
+                "name": [node_name or f"node-{node_id}"],
+                "hardware": [hardware],
+                "moe_top_k": [0],
+                "moe_experts": [0],
+            }
+        )
+    except TelemetryError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    return writer
+
+
+def _run(
+    what: str,
+    collector: Any,
+    sink: _LockedSink,
+    seconds: float | None,
+    status: Callable[[float], str],
+    summary: Callable[[], dict[str, Any]],
+    as_json: bool,
+) -> None:
+    """Run until --seconds or a signal; flush periodically; close the writer; print a summary."""
+    console = Console(stderr=True)
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    t0 = time.monotonic()
+    collector.start()
+    try:
+        with Live(status(0.0), console=console, refresh_per_second=4, transient=True) as live:
+            last_flush = t0
+            while not stop.is_set():
+                now = time.monotonic()
+                if seconds is not None and now - t0 >= seconds:
+                    break
+                if now - last_flush >= 1.0:
+                    sink.flush()
+                    last_flush = now
+                live.update(status(now - t0))
+                stop.wait(0.1 if seconds is None else min(0.1, max(0.0, seconds - (now - t0))))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        collector.stop()
+        with sink.lock:
+            sink.writer.close()
+    out = {
+        "command": what,
+        "run_id": sink.writer.run_id,
+        "seconds": round(time.monotonic() - t0, 3),
+    }
+    out |= summary()
+    out["rejected_batches"] = sink.errors
+    if sink.last_error:
+        out["last_error"] = sink.last_error
+    if as_json:
+        typer.echo(json.dumps(out))
+    else:
+        console.print(status(time.monotonic() - t0))
+        console.print(f"wrote run {out['run_id']} to {sink.writer.db_path}")
+
+
+@collect_app.command("kv-events")
+def kv_events(
+    connect: str = typer.Option(
+        ..., "--connect", help="engine KV event PUB endpoint, tcp://HOST:PORT"
+    ),
+    db: Path = typer.Option(..., "--db", help="DuckDB telemetry file (created if missing)"),
+    node_id: int = typer.Option(0, "--node-id", help="node id of this engine in the run"),
+    seconds: float | None = typer.Option(None, "--seconds", min=0.0, help="stop after S seconds"),
+    run_id: str | None = typer.Option(
+        None, "--run-id", help="id of the new run (default: generated)"
+    ),
+    replay: str | None = typer.Option(None, "--replay", help="engine replay ROUTER endpoint"),
+    topic: str = typer.Option("", "--topic", help="ZMQ topic filter (SGLang default: empty)"),
+    catch_up: bool = typer.Option(False, "--catch-up", help="replay the publisher's buffer first"),
+    node_name: str | None = typer.Option(None, "--node-name"),
+    hardware: str = typer.Option("unknown", "--hardware"),
+    as_json: bool = typer.Option(False, "--json", help="print a JSON summary on exit"),
+) -> None:
+    """Subscribe to one engine's KV events and write them to the kv_events table."""
+    from cluster.sglang.kv_collector import KVEventCollector
+
+    _check_endpoint(connect, "--connect")
+    _check_endpoint(replay, "--replay")
+    start = time.time()
+    config = {"collect": "kv-events", "connect": connect, "replay": replay, "topic": topic}
+    writer = _open_writer(db, run_id, node_id, node_name, hardware, config, start)
+    sink = _LockedSink(writer)
+    col = KVEventCollector(
+        connect,
+        node_id=node_id,
+        topic=topic,
+        replay_endpoint=replay,
+        sink=sink,
+        run_start_wall=start,
+        catch_up=catch_up,
+    )
+
+    def status(elapsed: float) -> str:
+        s = col.stats
+        rate = col.num_events / elapsed if elapsed > 0 else 0.0
+        return (
+            f"[bold]kv-events[/] node {node_id} | {col.num_events} events ({rate:,.0f}/s) | "
+            f"{s.messages} batches | gaps {s.gaps} recovered {s.gaps_recovered} | "
+            f"lost {s.messages_lost} | restarts {s.restarts} | malformed {s.malformed} | "
+            f"skipped {col.num_skipped} | rejected {sink.errors}"
+        )
+
+    def summary() -> dict[str, Any]:
+        counts = {"events": col.num_events, "rows": col.num_rows, "skipped_events": col.num_skipped}
+        return counts | col.stats.as_dict()
+
+    _run("kv-events", col, sink, seconds, status, summary, as_json)
+
+
+@collect_app.command("forward-metrics")
+def forward_metrics(
+    connect: str = typer.Option(
+        ..., "--connect", help="SGLang forward-pass metrics PUB endpoint (ipc:// or tcp://)"
+    ),
+    db: Path = typer.Option(..., "--db", help="DuckDB telemetry file (created if missing)"),
+    node_id: int = typer.Option(0, "--node-id", help="node id of this engine in the run"),
+    seconds: float | None = typer.Option(None, "--seconds", min=0.0, help="stop after S seconds"),
+    run_id: str | None = typer.Option(
+        None, "--run-id", help="id of the new run (default: generated)"
+    ),
+    node_name: str | None = typer.Option(None, "--node-name"),
+    hardware: str = typer.Option("unknown", "--hardware"),
+    as_json: bool = typer.Option(False, "--json", help="print a JSON summary on exit"),
+) -> None:
+    """Subscribe to SGLang forward-pass metrics; write prefill/decode iteration rows."""
+    from cluster.sglang.forward_metrics import ForwardMetricsCollector
+
+    _check_endpoint(connect, "--connect")
+    start = time.time()
+    config = {"collect": "forward-metrics", "connect": connect}
+    writer = _open_writer(db, run_id, node_id, node_name, hardware, config, start)
+    sink = _LockedSink(writer)
+    col = ForwardMetricsCollector(connect, node_id=node_id, sink=sink, run_start_wall=start)
+
+    def status(elapsed: float) -> str:
+        s = col.stats
+        n = col.num_prefill_rows + col.num_decode_rows
+        rate = n / elapsed if elapsed > 0 else 0.0
+        return (
+            f"[bold]forward-metrics[/] node {node_id} | {col.num_prefill_rows} prefill + "
+            f"{col.num_decode_rows} decode iterations ({rate:,.0f}/s) | heartbeats "
+            f"{col.num_heartbeats} | lost {s.messages_lost} | restarts {s.restarts} | "
+            f"malformed {s.malformed} | rejected {sink.errors}"
+        )
+
+    def summary() -> dict[str, Any]:
+        return {
+            "prefill_iterations": col.num_prefill_rows,
+            "decode_iterations": col.num_decode_rows,
+            "heartbeats": col.num_heartbeats,
+        } | col.stats.as_dict()
+
+    _run("forward-metrics", col, sink, seconds, status, summary, as_json)
