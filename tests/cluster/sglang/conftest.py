@@ -1,0 +1,94 @@
+"""Fixtures: load SGLang 0.5.23's own wire modules from its wheel, without installing sglang.
+
+The wheel (~40 MB) is downloaded once with `pip download --no-deps` into ~/.cache/pdlab/wheels.
+`kv_events.py` is loaded by path with only `sglang.srt.runtime_context` stubbed (its
+`get_parallel` is only used by the scheduler-side helpers); `utils/network.py` (psutil, zmq)
+and `observability/forward_pass_metrics.py` load unchanged from the wheel.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import types
+import zipfile
+from pathlib import Path
+
+import pytest
+
+SGLANG_VERSION = "0.5.23"
+CACHE = Path.home() / ".cache" / "pdlab" / "wheels"
+MODULES = {
+    "sglang.srt.utils.network": "sglang/srt/utils/network.py",
+    "sglang.srt.disaggregation.kv_events": "sglang/srt/disaggregation/kv_events.py",
+    "sglang.srt.observability.forward_pass_metrics": "sglang/srt/observability/forward_pass_metrics.py",
+}
+
+
+def wheel_path() -> Path:
+    found = sorted(CACHE.glob(f"sglang-{SGLANG_VERSION}-*.whl"))
+    if found:
+        return found[0]
+    CACHE.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        f"sglang=={SGLANG_VERSION}",
+        "--no-deps",
+        "-d",
+        str(CACHE),
+        "-q",
+    ]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        pytest.skip(f"cannot download the sglang {SGLANG_VERSION} wheel: {e}")
+    found = sorted(CACHE.glob(f"sglang-{SGLANG_VERSION}-*.whl"))
+    if proc.returncode != 0 or not found:
+        pytest.skip(f"cannot download the sglang {SGLANG_VERSION} wheel: {proc.stderr[-500:]}")
+    return found[0]
+
+
+def load_sglang_modules(
+    tmp_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> dict[str, types.ModuleType]:
+    """Extract and import SGLang's wire modules; sys.modules entries are undone by monkeypatch."""
+    whl = wheel_path()
+    with zipfile.ZipFile(whl) as z:
+        for member in MODULES.values():
+            z.extract(member, tmp_dir)
+    for pkg in (
+        "sglang",
+        "sglang.srt",
+        "sglang.srt.utils",
+        "sglang.srt.disaggregation",
+        "sglang.srt.observability",
+    ):
+        mod = types.ModuleType(pkg)
+        mod.__path__ = []  # a namespace-like stub package
+        monkeypatch.setitem(sys.modules, pkg, mod)
+    runtime_context = types.ModuleType("sglang.srt.runtime_context")
+
+    def get_parallel() -> types.SimpleNamespace:
+        return types.SimpleNamespace(pp_rank=0, attn_tp_rank=0, attn_cp_rank=0)
+
+    runtime_context.get_parallel = get_parallel  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "sglang.srt.runtime_context", runtime_context)
+    loaded: dict[str, types.ModuleType] = {}
+    for name, member in MODULES.items():
+        spec = importlib.util.spec_from_file_location(name, tmp_dir / member)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, name, module)
+        spec.loader.exec_module(module)
+        loaded[name.rsplit(".", 1)[1]] = module
+    return loaded
+
+
+@pytest.fixture
+def sglang_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, types.ModuleType]:
+    """SGLang 0.5.23's kv_events, network and forward_pass_metrics modules, from its wheel."""
+    return load_sglang_modules(tmp_path, monkeypatch)
