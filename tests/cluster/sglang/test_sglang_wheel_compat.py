@@ -258,11 +258,11 @@ def test_sglang_decoders_accept_the_standin_streams(sglang_modules) -> None:  # 
         kv_dec = msgspec.msgpack.Decoder(kv.KVEventBatch)
         kinds = []
         while subs[0].poll(500):
-            _, seq, payload = subs[0].recv_multipart()
+            _, _seq, payload = subs[0].recv_multipart()
             kinds += [type(e).__name__ for e in kv_dec.decode(payload).events]
         passes = []
         while subs[1].poll(300):
-            _, seq, payload = subs[1].recv_multipart()
+            _, _seq, payload = subs[1].recv_multipart()
             passes.append(fpm.decode(payload))
         for s in subs:
             s.close(linger=0)
