@@ -358,6 +358,8 @@ class TraceSource:
         covered = 0
         for j, h in enumerate(hashes):
             tokens = bt if j < len(hashes) - 1 else min(bt, inp - covered)
+            if j == len(hashes) - 1 and h in block_tokens and block_tokens[h] <= inp - covered:
+                tokens = block_tokens[h]  # a known (partial) block; any excess stays private
             seg_id = TRACE_BLOCK_BASE + h
             if seg_id >= SHARED_SEGMENT_LIMIT:
                 raise ConfigError(
