@@ -22,6 +22,8 @@ Formats, sniffed from the file's extension and first record:
   appended as private tokens) and counted in `report.num_block_fixes`.
 - Azure LLM inference (`.csv` with arrived_at,num_prefill_tokens,num_decode_tokens): single-turn
   open-loop programs with unique content (the trace has no prefix information).
+- Continuum SWE-smith trajectories (`.json` list with full messages and tool timings): one
+  program per trajectory, token counts estimated from characters (see `continuum.py`).
 
 `next_program` hands out the trace's programs in order for closed-loop use; with `cycle=True`
 it starts over when they run out, giving repeated programs fresh ids for their private content
@@ -41,10 +43,11 @@ from typing import Any, NamedTuple
 
 from cluster.core import ConfigError
 from cluster.workloads.builder import ProgramBuilder
+from cluster.workloads.continuum import is_continuum, read_continuum
 from cluster.workloads.program import SHARED_SEGMENT_LIMIT, Program, Segment, SegmentIds
 from cluster.workloads.source import TRACE_BLOCK_BASE, check_positive
 
-TRACE_FORMATS = ("sweagent", "mooncake", "azure")
+TRACE_FORMATS = ("sweagent", "mooncake", "azure", "continuum")
 SWEAGENT_KEYS = (
     "run",
     "instance",
@@ -89,6 +92,8 @@ def sniff(path: Path) -> str:
         if set(AZURE_KEYS) <= {h.strip() for h in header}:
             return "azure"
         raise ConfigError(f"{path}: CSV header {header} lacks the Azure columns {list(AZURE_KEYS)}")
+    if is_continuum(path):
+        return "continuum"
     first = _first_record(path)
     if isinstance(first, dict):
         if set(SWEAGENT_KEYS) <= first.keys():
@@ -97,7 +102,8 @@ def sniff(path: Path) -> str:
             return "mooncake"
     raise ConfigError(
         f"{path}: unrecognised trace; expected JSON lines with {list(SWEAGENT_KEYS)} (SWE-agent) "
-        f"or {list(MOONCAKE_KEYS)} (Mooncake), or a CSV with {list(AZURE_KEYS)} (Azure)"
+        f"or {list(MOONCAKE_KEYS)} (Mooncake), a CSV with {list(AZURE_KEYS)} (Azure), "
+        "or a JSON list of trajectories with 'messages' (Continuum)"
     )
 
 
@@ -187,6 +193,7 @@ class TraceSource:
             "sweagent": self._read_sweagent,
             "mooncake": self._read_mooncake,
             "azure": self._read_azure,
+            "continuum": self._read_continuum,
         }
         self.programs, compactions, fixes, skipped = reader[self.format]()
         if not self.programs:
@@ -402,3 +409,6 @@ class TraceSource:
                 b.finish("root")
                 programs.append(b.build(arrival_s=arrived * self.params.time_scale))
         return programs, 0, 0, skipped
+
+    def _read_continuum(self) -> tuple[list[Program], int, int, int]:
+        return read_continuum(self.path, self.ids, self.params.limit), 0, 0, 0

@@ -11,6 +11,7 @@ import pytest
 from cluster.core import ConfigError
 from cluster.workloads import WorkloadSource, make_workload
 from cluster.workloads.analysis import check_disjoint, check_program, contexts, ideal_hit_rate
+from cluster.workloads.continuum import estimate_tokens
 from cluster.workloads.program import SHARED_SEGMENT_LIMIT
 from cluster.workloads.source import TRACE_BLOCK_BASE
 from cluster.workloads.traces import data_dir, sniff
@@ -232,3 +233,31 @@ def test_full_sweagent_trace():
 def test_full_mooncake_trace():
     src = make_workload("mooncake_fast25_conversation_trace.jsonl")
     assert src.report.num_programs == 12_031 and src.report.num_block_fixes == 0
+
+
+CONTINUUM = FIXTURES / "continuum_swesmith_head2x13.json"
+
+
+def test_continuum_trajectories_become_programs_with_tool_timings():
+    src = make_workload(str(CONTINUUM))
+    assert src.format == "continuum"
+    progs = src.trace_programs()
+    raw = json.loads(CONTINUUM.read_text())
+    assert len(progs) == 2
+    for p, traj in zip(progs, raw, strict=True):
+        check_program(p)
+        msgs = json.loads(traj["messages"])
+        actions = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
+        assert len(p.turns) == len(actions) == 6
+        ctx = _ctx_tokens(p)
+        for k, i in enumerate(actions):
+            assert ctx[k] == sum(estimate_tokens(m) for m in msgs[:i])  # prompt = all before it
+            assert p.turns[k].output_tokens == estimate_tokens(msgs[i])
+            if k:
+                call = msgs[actions[k - 1]]["tool_calls"][0]
+                assert p.turns[k].gap_s == pytest.approx(call["execution_time_seconds"])
+                assert p.turns[k].tool == call["function"]["name"]
+    # the identical system prompt is one shared segment
+    assert progs[0].turns[0].append[0] == progs[1].turns[0].append[0]
+    assert progs[0].turns[0].append[0].seg_id < SHARED_SEGMENT_LIMIT
+    check_disjoint(progs)

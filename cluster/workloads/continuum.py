@@ -1,0 +1,97 @@
+"""Replay of Continuum's SWE-smith trajectories (full messages + tool timings) as programs.
+
+Paper 003 §3.2 / App. A: a trace fixes each turn's prompt, output and tool duration. The file is
+a JSON list of trajectories whose `messages` hold the whole conversation (system prompt, task,
+then assistant actions alternating with tool observations) and whose assistant `tool_calls`
+carry `execution_time_seconds`. Each assistant message is one LLM turn: its prompt is every
+message before it, its output the message itself (text + tool-call arguments), and the gap
+before the next turn is the summed execution time of its tool calls, labelled with the tool's
+name (`bash`, `str_replace_editor`, `submit`). There is no tokenizer here, so token counts are
+estimated as ceil(characters / 4); identical system prompts share one segment across programs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from cluster.core import ConfigError
+from cluster.workloads.builder import ProgramBuilder
+from cluster.workloads.program import Program, Segment, SegmentIds
+
+CHARS_PER_TOKEN = 4
+SYSTEM_PROMPT_BASE = 1_000  # shared ids of distinct system prompts (below TRACE_BLOCK_BASE)
+
+
+def is_continuum(path: Path) -> bool:
+    """A JSON list whose first element has `messages` (cheap check on the file's start)."""
+    with path.open() as f:
+        head = f.read(4_096).lstrip()
+    return head.startswith("[") and '"messages"' in head
+
+
+def estimate_tokens(msg: dict[str, Any]) -> int:
+    content = msg.get("content", "")
+    if isinstance(content, list):
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    calls = msg.get("tool_calls") or []
+    text = str(content) + "".join(json.dumps(c.get("function", {})) for c in calls)
+    return max(1, math.ceil(len(text) / CHARS_PER_TOKEN))
+
+
+def read_continuum(path: Path, ids: SegmentIds, limit: int = 0) -> list[Program]:
+    try:
+        trajectories = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(trajectories, list):
+        raise ConfigError(f"{path}: expected a JSON list of trajectories")
+    systems: dict[str, int] = {}
+    programs: list[Program] = []
+    for k, traj in enumerate(trajectories):
+        if limit and len(programs) >= limit:
+            break
+        msgs = traj.get("messages") if isinstance(traj, dict) else None
+        if isinstance(msgs, str):
+            msgs = json.loads(msgs)
+        if not isinstance(msgs, list):
+            raise ConfigError(f"{path}: trajectory {k} has no 'messages' list")
+        pid = str(traj.get("traj_id") or traj.get("instance_id") or f"continuum-{k:06d}")
+        programs.append(_program(path, pid, msgs, ids, systems))
+    return programs
+
+
+def _program(
+    path: Path, pid: str, msgs: list[Any], ids: SegmentIds, systems: dict[str, int]
+) -> Program:
+    b = ProgramBuilder(pid, "continuum", ids)
+    pending: list[Segment] = []
+    gap_s, tool = 0.0, None
+    for msg in msgs:
+        if not isinstance(msg, dict) or "role" not in msg:
+            raise ConfigError(f"{path}: {pid}: message without a role: {str(msg)[:80]}")
+        tokens = estimate_tokens(msg)
+        if msg["role"] != "assistant":
+            if msg["role"] == "system":
+                text = str(msg.get("content", ""))
+                seg_id = systems.setdefault(text, SYSTEM_PROMPT_BASE + len(systems))
+                pending.append(Segment(seg_id, tokens))
+            else:
+                pending.append(b.seg(tokens))
+            continue
+        if not b.turns:
+            if not pending:
+                raise ConfigError(f"{path}: {pid}: an assistant message comes before any prompt")
+            b.start("root", pending, tokens)
+        else:
+            b.step("root", pending, tokens, gap_s=gap_s, tool=tool)
+        calls = msg.get("tool_calls") or []
+        gap_s = float(sum(float(c.get("execution_time_seconds", 0.0)) for c in calls))
+        tool = str(calls[0].get("function", {}).get("name", "tool")) if calls else "user"
+        pending = []
+    if not b.turns:
+        raise ConfigError(f"{path}: {pid}: no assistant turns")
+    b.finish("root")
+    return b.build()
