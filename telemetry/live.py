@@ -14,6 +14,7 @@ import os
 import re
 import secrets
 import shutil
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -181,7 +182,7 @@ class RunLock:
                 self._fh = None
 
 
-if os.name == "nt":  # pragma: no cover - exercised on Windows only
+if sys.platform == "win32":  # pragma: no cover - exercised on Windows only
     import msvcrt
 
     def _lock(fh: IO[bytes]) -> None:

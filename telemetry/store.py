@@ -28,7 +28,12 @@ from telemetry.schema import FINALIZED_TABLE, META_TABLE, SCHEMA_VERSION, TABLES
 from telemetry.validate import check_new_nodes, validate_batch
 
 LOCK_TIMEOUT_S = 30.0
-_LOCK_MARKERS = ("lock", "being used by another process", "unique file handle conflict")
+_LOCK_MARKERS = (
+    "could not set lock",
+    "conflicting lock",
+    "unique file handle conflict",
+    "being used by another process",
+)
 _RIO = getattr(duckdb, "ResourceInUseException", duckdb.IOException)
 R = TypeVar("R")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import polars as pl
@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 from telemetry.errors import TelemetryError
 from telemetry.schema import TABLES, Column, arrow_schema
 
-ArrowColumn = pa.Array | pa.ChunkedArray
+ArrowColumn: TypeAlias = pa.Array | pa.ChunkedArray
 
 ALLOWED_VALUES = {
     "VARCHAR": "strings",

@@ -36,7 +36,7 @@ def _naive_utc(ts: datetime) -> datetime:
 
 
 class TelemetryWriter:
-    """Writes one run; implements `cluster.core.TelemetrySink` (`emit`).
+    """Writes one run; implements `cluster.core.TelemetrySink` (`emit`). Not thread-safe.
 
     Rows become visible to readers when flushed: when a table's buffer reaches
     `segment_rows`, when `flush_interval_s` has passed since the last flush (checked on
@@ -71,12 +71,16 @@ class TelemetryWriter:
         self._node_ids: set[int] = set()
         self._closed = False
         self._last_flush = time.monotonic()
+        try:
+            config_json = None if config is None else json.dumps(config, sort_keys=True)
+        except (TypeError, ValueError) as exc:
+            raise TelemetryError(f"runs: config must be JSON-serializable ({exc})") from None
         runs_row = validate_batch(
             "runs",
             {
                 "started_at": [_naive_utc(started_at or datetime.now(UTC))],
                 "source": [source],
-                "config": [None if config is None else json.dumps(config, sort_keys=True)],
+                "config": [config_json],
             },
             self.run_id,
         )

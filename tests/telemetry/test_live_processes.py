@@ -137,6 +137,7 @@ def test_duckdb_lock_errors_are_retried_then_reported(db):
         with pytest.raises(duckdb.Error) as raw:
             duckdb.connect(str(db), read_only=True)
         assert isinstance(raw.value, duckdb.IOException) and is_lock_error(raw.value)
+        assert not is_lock_error(duckdb.IOException("IO Error: Corrupt database: invalid block"))
         locked = r"stayed locked by another connection for 0.3 s \(DuckDB: .*lock"
         with pytest.raises(TelemetryError, match=locked):
             TelemetryReader(db, lock_timeout_s=0.3).runs()

@@ -150,6 +150,9 @@ def test_writer_refuses_existing_run_and_use_after_close(db, nodes):
         TelemetryWriter(db, run_id="other").append("runs", {})
     with pytest.raises(TelemetryError, match="invalid run id"):
         TelemetryWriter(db, run_id="../escape")
+    with pytest.raises(TelemetryError, match="config must be JSON-serializable"):
+        TelemetryWriter(db, run_id="cfg", config={"f": object()})
+    assert not run_dir(db, "cfg").exists()
 
 
 def test_generated_run_ids_are_unique_and_resolve(db):
