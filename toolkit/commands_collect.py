@@ -213,6 +213,9 @@ def forward_metrics(
     ),
     node_name: str | None = typer.Option(None, "--node-name"),
     hardware: str = typer.Option("unknown", "--hardware"),
+    chunk_tokens: int | None = typer.Option(
+        None, "--chunk-tokens", min=1, help="engine chunked_prefill_size (sharpens the ΣA estimate)"
+    ),
     as_json: bool = typer.Option(False, "--json", help="print a JSON summary on exit"),
 ) -> None:
     """Subscribe to SGLang forward-pass metrics; write prefill/decode iteration rows."""
@@ -220,10 +223,12 @@ def forward_metrics(
 
     _check_endpoint(connect, "--connect")
     start = time.time()
-    config = {"collect": "forward-metrics", "connect": connect}
+    config = {"collect": "forward-metrics", "connect": connect, "chunk_tokens": chunk_tokens}
     writer = _open_writer(db, run_id, node_id, node_name, hardware, config, start)
     sink = _LockedSink(writer)
-    col = ForwardMetricsCollector(connect, node_id=node_id, sink=sink, run_start_wall=start)
+    col = ForwardMetricsCollector(
+        connect, node_id=node_id, sink=sink, run_start_wall=start, chunk_tokens=chunk_tokens
+    )
 
     def status(elapsed: float) -> str:
         s = col.stats

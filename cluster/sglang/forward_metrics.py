@@ -23,7 +23,11 @@ MetricsCallback = Callable[[ForwardPassMetrics, PrefillRow | None, DecodeRow | N
 
 
 class ForwardMetricsCollector:
-    """Subscribe to one node's FPM stream and emit one iteration row per forward pass."""
+    """Subscribe to one node's FPM stream and emit one iteration row per forward pass.
+
+    `chunk_tokens` (the engine's chunked_prefill_size, /server_info) sharpens the ΣA
+    estimate of chunk-limited passes (`fpm.estimate_attn_pairs`).
+    """
 
     def __init__(
         self,
@@ -33,6 +37,7 @@ class ForwardMetricsCollector:
         sink: TelemetrySink | None = None,
         callbacks: Sequence[MetricsCallback] = (),
         run_start_wall: float | None = None,
+        chunk_tokens: int | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if node_id < 0:
@@ -42,6 +47,7 @@ class ForwardMetricsCollector:
         self.callbacks = list(callbacks)
         self.run_start_wall = clock() if run_start_wall is None else run_start_wall
         self._clock = clock
+        self.chunk_tokens = chunk_tokens  # the engine's chunked_prefill_size, if known
         self.num_prefill_rows = 0
         self.num_decode_rows = 0
         self.num_heartbeats = 0
@@ -75,7 +81,7 @@ class ForwardMetricsCollector:
         if m.is_heartbeat:
             self.num_heartbeats += 1
             return
-        prefill, decode = iteration_rows(m, t_end)
+        prefill, decode = iteration_rows(m, t_end, self.chunk_tokens)
         iter_id = self._next_iter
         self._next_iter += 1
         if self.sink is not None and prefill is not None:

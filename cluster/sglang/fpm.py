@@ -18,14 +18,17 @@ Field semantics (from `metrics_reporter._build_scheduled_request_metrics` and
 earlier chunks); var_prefill_length = population variance of the *full prompt lengths*
 len(origin_input_ids), not of t_uc; sum_decode_kv_tokens = Σ seq_lens of decoding requests.
 
-ΣA (Eq. 1) is not sent, so it is estimated. With L_i = u_i + c_i (the request's prompt is
-fully in this pass after its cached prefix), ΣA = Σu_i c_i + Σu_i(u_i+1)/2
-= (ΣL_i² − Σc_i²)/2 + Σu_i/2, and ΣL² = n(σ_L² + L̄²) with L̄ = (Σu + Σc)/n is known;
-only Σc² is not, and is replaced by (Σc)²/n. This equals the brief's ū·Σc + (n(σ²+ū²) + nū)/2
-with σ² = σ_L², and its error is exactly +n·Var(c)/2 ≥ 0: exact when the cached lengths are
-equal (e.g. no cache hits), an overestimate otherwise. Mid-chunk requests (L_i > u_i + c_i)
-break the identity; the estimate is then clamped into the exact bounds
-[U²/(2n) + U/2, U·C + U²/2 + U/2]. tests/cluster/sglang measures the error.
+ΣA (Eq. 1) is not sent, so it is estimated from n, U = Σu_i, C = Σc_i and σ_L²:
+ΣA = Σu_i c_i + Σu_i²/2 + U/2 with Σu_i c_i ≈ ū·C (no covariance between new and cached
+lengths within a pass) and Σu_i² = n(σ_u² + ū²), where σ_u² is recovered from the reported
+variance of the full prompt lengths L = u + c by assuming zero covariance and equal
+coefficients of variation of u and c: σ_u² = σ_L²·ū²/(ū² + c̄²). A pass that used its chunk
+budget (U ≥ 0.9·chunk_tokens, when the budget is known) may hold a request mid-chunk whose
+prompt length says nothing about its chunk, so there σ_u² = 0. The estimate is clamped
+into the exact bounds [U²/(2n) + U/2, U·C + U²/2 + U/2]. It is exact for a single request,
+for passes without cache hits (c̄ = 0) and when u and c are each equal across requests;
+tests/cluster/sglang/test_sglang_wire.py measures the error on synthetic passes (mean
+2-13% on mixed batches).
 
 Mixed passes (prefill and decode requests in one forward, collocated mode) become one
 prefill row: a decoding request is one new token over seq_len − 1 cached tokens, so it adds
@@ -97,15 +100,22 @@ def decode_fpm(payload: bytes) -> ForwardPassMetrics:
 
 
 def estimate_attn_pairs(
-    num_reqs: int, sum_t_uc: float, sum_t_c: float, var_input_len: float
+    num_reqs: int,
+    sum_t_uc: float,
+    sum_t_c: float,
+    var_input_len: float,
+    chunk_tokens: int | None = None,
 ) -> float:
-    """ΣA of a prefill pass from FPM sums (module docstring): exact iff all t_c are equal."""
+    """ΣA of a prefill pass from FPM sums and the prompt-length variance (module docstring)."""
     if num_reqs <= 0 or sum_t_uc <= 0:
         return 0.0
     n, u, c = float(num_reqs), float(sum_t_uc), float(sum_t_c)
-    mean_len = (u + c) / n
-    sum_len_sq = n * (max(var_input_len, 0.0) + mean_len * mean_len)
-    est = (sum_len_sq - c * c / n) / 2.0 + u / 2.0
+    u_mean, c_mean = u / n, c / n
+    budget_full = chunk_tokens is not None and u >= 0.9 * chunk_tokens
+    var_u = 0.0
+    if not budget_full and var_input_len > 0:
+        var_u = var_input_len * u_mean * u_mean / (u_mean * u_mean + c_mean * c_mean)
+    est = u_mean * c + n * (var_u + u_mean * u_mean) / 2.0 + u / 2.0
     lower = u * u / (2.0 * n) + u / 2.0
     upper = u * c + u * u / 2.0 + u / 2.0
     return min(max(est, lower), upper)
@@ -130,9 +140,9 @@ class DecodeRow(NamedTuple):
 
 
 def iteration_rows(
-    m: ForwardPassMetrics, t_end: float
+    m: ForwardPassMetrics, t_end: float, chunk_tokens: int | None = None
 ) -> tuple[PrefillRow | None, DecodeRow | None]:
-    """The prefill and/or decode row of one forward pass that ended at `t_end` (run seconds).
+    """The prefill or decode row of one forward pass that ended at `t_end` (run seconds).
 
     Heartbeats and passes without a positive wall_time give no rows.
     """
@@ -143,7 +153,7 @@ def iteration_rows(
     n_p, n_d = s.num_prefill_requests, s.num_decode_requests
     if n_p > 0:
         pairs = estimate_attn_pairs(
-            n_p, s.sum_prefill_tokens, s.sum_prefill_kv_tokens, s.var_prefill_length
+            n_p, s.sum_prefill_tokens, s.sum_prefill_kv_tokens, s.var_prefill_length, chunk_tokens
         )
         row = PrefillRow(
             t_start,
