@@ -63,7 +63,7 @@ def _root_tools() -> ToolMix:
             ),
             ToolProfile("todo", 0.07, 0.02, 0.5, TokenDist(120, 0.5, 10, 1_000)),
             # The user reads the answer and types the next message (Copilot median 172 s).
-            ToolProfile("user", 0.05, 150.0, 1.0, TokenDist(80, 1.0, 3, 5_000)),
+            ToolProfile("user", 0.05, 172.0, 1.0, TokenDist(80, 1.0, 3, 5_000)),
         )
     )  # fmt: skip
 
