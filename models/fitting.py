@@ -57,7 +57,7 @@ class GramStats:
         if np.any(y <= 0) or not np.all(np.isfinite(y)):
             raise ValueError("iteration times must be finite and > 0")
         xw = x / y[:, None]
-        return cls(xw.T @ xw, xw.sum(axis=0), float(len(y)), int(len(y)))
+        return cls(xw.T @ xw, xw.sum(axis=0), float(len(y)), len(y))
 
     def __add__(self, other: GramStats) -> GramStats:
         return GramStats(
@@ -207,7 +207,7 @@ def decode_features(
     )
 
 
-class _LinearNNLSRegressor(RegressorMixin, BaseEstimator):  # type: ignore[misc]
+class _LinearNNLSRegressor(RegressorMixin, BaseEstimator):
     """Shared scikit-learn plumbing: fit relative-error NNLS on a design matrix.
 
     After `fit`: `coef_` (seconds), `fixed_` (terms fixed at 0), `n_samples_`.

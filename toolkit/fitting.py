@@ -241,8 +241,8 @@ def _aggregate(
     if spec.needs_moe:
         # Nodes without a usable MoE shape are absent from m: their x's are NULL and only
         # their row counts are used (for the message).
-        rows = [(n, b) for n, b in log_base.items()] or [(-1, 0.0)]
-        values, params = _values(rows, ("node_id", "log_base"))
+        shapes = list(log_base.items()) or [(-1, 0.0)]
+        values, params = _values(shapes, ("node_id", "log_base"))
         join = f"LEFT JOIN {values} ON m.node_id = t.node_id"
     node_filter = ""
     if node_ids is not None:
@@ -263,7 +263,8 @@ def _aggregate(
     """
     args = [*params, run_id, *(node_ids or []), threshold]
     out: dict[int, _Agg] = {}
-    rows = sorted(con.execute(sql, args).fetchall(), key=lambda r: (r[0], r[1], r[2], r[3]))
+    result: list[tuple[Any, ...]] = con.execute(sql, args).fetchall()
+    rows = sorted(result, key=lambda r: (r[0], r[1], r[2], r[3]))
     for node, ok, test, _bucket, n, *vals in rows:
         agg = out.setdefault(int(node), _Agg())
         if not ok:
