@@ -61,12 +61,10 @@ class OSWorldParams:
     system_tokens: int = 2_500  # shared computer-use system prompt + tool schema
     worker_system_tokens: int = 1_800  # shared worker prompt
     task: TokenDist = field(default=TokenDist(250, 0.5, 30, 2_000))
-    screenshot: TokenDist = field(
-        default=TokenDist(2_300, 0.15, 1_500, 3_000)
-    )  # image tokens per step
-    steps: TokenDist = field(
-        default=TokenDist(40, 0.5, 5, 150)
-    )  # orchestrator steps (long-horizon tasks)
+    # image tokens per step
+    screenshot: TokenDist = field(default=TokenDist(2_300, 0.15, 1_500, 3_000))
+    # orchestrator steps (long-horizon tasks)
+    steps: TokenDist = field(default=TokenDist(40, 0.5, 5, 150))
     output: TokenDist = field(default=TokenDist(180, 0.6, 16, 4_000))  # short actions
     tools: ToolMix = field(default_factory=_default_tools)  # gap and text result per step
     delegate_prob: float = 0.04  # per orchestrator step: delegate a sub-task to workers

@@ -44,12 +44,10 @@ class PutnamParams:
     """Parameters of `putnam`; defaults calibrated as in the module docstring."""
 
     system_tokens: int = 1_800  # shared mini-SWE-agent system prompt + Lean instructions
-    task: TokenDist = field(
-        default=TokenDist(600, 0.4, 150, 3_000)
-    )  # theorem statement + instance template
-    steps: TokenDist = field(
-        default=TokenDist(24, 0.6, 2, 120)
-    )  # LLM turns per problem (step budget)
+    # theorem statement + instance template
+    task: TokenDist = field(default=TokenDist(600, 0.4, 150, 3_000))
+    # LLM turns per problem (step budget)
+    steps: TokenDist = field(default=TokenDist(24, 0.6, 2, 120))
     # Long reasoning traces (decode-heavy): median 2.2K, mean ~3K tokens per request.
     output: TokenDist = field(default=TokenDist(2_200, 0.8, 64, 32_768))
     tools: ToolMix = field(default_factory=_default_tools)
