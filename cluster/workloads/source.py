@@ -109,6 +109,8 @@ def _coerce(workload: str, name: str, value: Any, default: Any) -> Any:
                 pass
     elif default is None or isinstance(value, want):
         return value
+    elif isinstance(default, tuple) and isinstance(value, list):
+        return tuple(value)
     raise ConfigError(
         f"workload {workload!r}: parameter {name!r} must be of type {want.__name__}, got {value!r}"
     )

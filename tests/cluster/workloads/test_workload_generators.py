@@ -117,6 +117,10 @@ def test_bad_params_raise_config_errors_naming_them():
         make_workload("cc", duration_s=0)
     # numbers given as strings (CLI) are accepted
     assert make_workload("cc", burst_prob="0.05").params.burst_prob == 0.05
+    custom = make_workload("cc", burst_sizes=[2, 3], burst_weights=[1, 1])
+    assert custom.params.burst_sizes == (2, 3)
+    with pytest.raises(ConfigError, match="burst_weights"):
+        make_workload("cc", burst_sizes=[2, 3])
 
 
 def test_every_param_is_documented_with_a_default():
