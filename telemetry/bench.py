@@ -70,7 +70,7 @@ def ingest(db_path: Path, total_rows: int, batch_rows: int, seed: int = 0) -> fl
 
 
 def run(quick: bool = False) -> dict[str, float]:
-    total = 400_000 if quick else 2_000_000
+    total = 1_000_000 if quick else 2_000_000
     with tempfile.TemporaryDirectory(prefix="pdlab-bench-") as tmp:
         rate = ingest(Path(tmp) / "bench.duckdb", total, 100_000)
     return {"ingest_rows_per_s": round(rate)}
