@@ -11,12 +11,16 @@ is split into a warmup of `warmup_s` (served as Putnam) and three equal periods 
 - period 1 ("mixed"): Putnam with share `mixed_putnam_share` (default 2/3 = 144 of 216 agents);
 - period 2 ("osworld"): always OSWorld.
 
-In the mixed period the kind is chosen deterministically to hold the share. If the loop passes
-the finished program it replaces (`replacing`), the share is held over *live* agents (the kind
-with the largest deficit is issued), which reproduces the paper's per-kind concurrency; without
-it, the share is held over agents issued in the period, so the live share is weighted by
-program lifetimes. `target_concurrency(now)` returns the paper's 288 / 216 / 144 agents for a
-loop that follows it. Both sub-generators draw segment ids from one allocator.
+In the mixed period the kind is chosen deterministically so that the *live* agents hold the
+share, without help from the loop: by Little's law the live count of a kind is proportional to
+its issue rate times its lifetime, so the source stratifies by the summed estimated lifetimes
+of the programs it issued in the period (choose the kind whose lifetime-weighted share is
+below target). A program's lifetime is estimated on its dependency DAG as the critical path of
+(`request_time_s` + gap) per turn; `request_time_s` (default 20 s) stands for the mean E2E of a
+request (paper 000 App. D.1: ~24 s for OSWorld at 8P1D, ~3K-token Putnam decodes), so the
+estimate is only as good as that assumption. `target_concurrency(now)` returns the paper's
+288 / 216 / 144 agents for a loop that follows it. Both sub-generators draw segment ids from
+one allocator.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ class ShiftParams:
     warmup_s: float = 0.0  # served as Putnam before the three periods start
     period_s: float = 3_600.0  # used only when make_workload gets no duration_s
     mixed_putnam_share: float = 2 / 3  # 144 Putnam of 216 agents in the mixed hour
+    request_time_s: float = 20.0  # assumed mean E2E per request, for lifetime weighting
     concurrency: tuple[int, int, int] = (288, 216, 144)  # agents per period (paper 000 §6.1)
     putnam: PutnamParams = field(default_factory=PutnamParams)
     osworld: OSWorldParams = field(default_factory=OSWorldParams)
@@ -49,6 +54,8 @@ class ShiftParams:
         if not self.period_s > 0:
             raise ConfigError(f"parameter 'period_s' must be > 0, got {self.period_s}")
         check_fraction("mixed_putnam_share", self.mixed_putnam_share)
+        if self.request_time_s < 0:
+            raise ConfigError(f"parameter 'request_time_s' must be >= 0, got {self.request_time_s}")
         if len(self.concurrency) != 3 or min(self.concurrency) < 1:
             raise ConfigError(
                 f"parameter 'concurrency' needs three positive counts, got {self.concurrency}"
@@ -74,9 +81,7 @@ class ShiftSource(GeneratorSource):
         self.period_length_s = (duration_s - params.warmup_s) / 3
         self.putnam = PutnamSource(params.putnam, seed=seed, ids=self.ids)
         self.osworld = OSWorldSource(params.osworld, seed=seed, ids=self.ids)
-        self._live = {"putnam": 0, "osworld": 0}
-        self._issued = {"putnam": 0, "osworld": 0}  # in the current period
-        self._tracking = False
+        self._weight = {"putnam": 0.0, "osworld": 0.0}  # summed lifetimes issued this period
         self._period = 0
 
     def period(self, now: float) -> int:
@@ -87,30 +92,31 @@ class ShiftSource(GeneratorSource):
     def target_concurrency(self, now: float) -> int | None:
         return self.params.concurrency[self.period(now)]
 
-    def next_program(self, now: float, replacing: Program | None = None) -> Program:
-        if replacing is not None:
-            self._tracking = True
-            if replacing.workload in self._live:
-                self._live[replacing.workload] = max(0, self._live[replacing.workload] - 1)
+    def next_program(self, now: float) -> Program:
         period = self.period(now)
         if period != self._period:
             self._period = period
-            self._issued = {"putnam": 0, "osworld": 0}
+            self._weight = {"putnam": 0.0, "osworld": 0.0}
         kind = self._choose(period)
-        self._live[kind] += 1
-        self._issued[kind] += 1
         self._count += 1
-        return (self.putnam if kind == "putnam" else self.osworld).next_program(now)
+        program = (self.putnam if kind == "putnam" else self.osworld).next_program(now)
+        self._weight[kind] += lifetime_s(program, self.params.request_time_s)
+        return program
 
     def _choose(self, period: int) -> str:
         if period == 0:
             return "putnam"
         if period == 2:
             return "osworld"
-        share = self.params.mixed_putnam_share
-        counts = self._live if self._tracking else self._issued
-        # Issue the kind furthest below its share after this agent joins (ties: Putnam).
-        total = counts["putnam"] + counts["osworld"] + 1
-        deficit_putnam = share * total - counts["putnam"]
-        deficit_osworld = (1 - share) * total - counts["osworld"]
-        return "putnam" if deficit_putnam >= deficit_osworld else "osworld"
+        w = self._weight
+        total = w["putnam"] + w["osworld"]
+        return "putnam" if w["putnam"] <= self.params.mixed_putnam_share * total else "osworld"
+
+
+def lifetime_s(program: Program, request_time_s: float) -> float:
+    """Critical-path estimate of a program's lifetime: each turn adds its gap and one request."""
+    done: list[float] = []
+    for t in program.turns:
+        ready = max((done[d] for d in t.deps), default=0.0)
+        done.append(ready + t.gap_s + request_time_s)
+    return max(done)

@@ -44,12 +44,8 @@ class WorkloadSource(Protocol):
     recorded_concurrency: int | None
     recorded_turn_times: dict[tuple[str, int], tuple[float, float]] | None
 
-    def next_program(self, now: float, replacing: Program | None = None) -> Program:
-        """A new agent; deterministic given the seed and the sequence of calls.
-
-        `replacing` (optional) is the finished program a closed loop replaces; only `shift`
-        uses it, to keep the live composition of its mixed period exact.
-        """
+    def next_program(self, now: float) -> Program:
+        """A new agent; deterministic given the seed and the sequence of calls."""
         ...
 
     def trace_programs(self) -> list[Program] | None:
@@ -151,7 +147,7 @@ class GeneratorSource:
         self.recorded_turn_times: dict[tuple[str, int], tuple[float, float]] | None = None
         self._count = 0
 
-    def next_program(self, now: float, replacing: Program | None = None) -> Program:
+    def next_program(self, now: float) -> Program:
         # Each program draws from its own stream (seed, generator, index), so its shape does not
         # depend on when the loop asks for it; only segment ids follow the call sequence.
         index = self._count

@@ -217,7 +217,7 @@ class TraceSource:
     def target_concurrency(self, now: float) -> int | None:
         return self.recorded_concurrency
 
-    def next_program(self, now: float, replacing: Program | None = None) -> Program:
+    def next_program(self, now: float) -> Program:
         index = self._next
         self._next += 1
         rnd, k = divmod(index, len(self.programs))
