@@ -173,14 +173,30 @@ def bootstrap_ci(
     xtx = np.stack([b.xtx for b in usable])
     xty = np.stack([b.xty for b in usable])
     active = np.diag(xtx.sum(axis=0)) > 0
-    draws = np.empty((resamples, len(terms)))
     k = len(usable)
-    for r in range(resamples):
-        pick = rng.integers(0, k, size=k)
-        w = np.bincount(pick, minlength=k).astype(np.float64)
-        g = np.tensordot(w, xtx, axes=1)
-        b = w @ xty
-        draws[r] = _nnls_gram(g, b, active & (np.diag(g) > 0))
+    picks = rng.integers(0, k, size=(resamples, k))
+    weights = np.stack([np.bincount(p, minlength=k) for p in picks]).astype(np.float64)
+    g_all = np.tensordot(weights, xtx, axes=1)  # (resamples, p, p)
+    b_all = weights @ xty
+    draws = np.zeros((resamples, len(terms)))
+    # Where the unconstrained optimum is nonnegative it is the NNLS solution; solve all
+    # resamples at once and run NNLS only on the rest (a few, or none, in practice).
+    idx = np.flatnonzero(active)
+    g = g_all[:, idx][:, :, idx]
+    scale = np.sqrt(np.einsum("rii->ri", g))
+    todo = np.ones(resamples, dtype=bool)
+    if np.all(scale > 0):
+        gs = g / (scale[:, :, None] * scale[:, None, :])
+        try:
+            sol = np.linalg.solve(gs, (b_all[:, idx] / scale)[..., None])[..., 0] / scale
+        except np.linalg.LinAlgError:
+            sol = None
+        if sol is not None:
+            good = np.all(np.isfinite(sol) & (sol >= 0), axis=1)
+            draws[np.ix_(good, idx)] = sol[good]
+            todo = ~good
+    for r in np.flatnonzero(todo):
+        draws[r] = _nnls_gram(g_all[r], b_all[r], active & (np.diag(g_all[r]) > 0))
     alpha = (1.0 - level) / 2.0
     lo = np.quantile(draws, alpha, axis=0)
     hi = np.quantile(draws, 1.0 - alpha, axis=0)
