@@ -319,7 +319,7 @@ def _fit_phase(
     notes = []
     if agg.num_invalid:
         notes.append(
-            f"{agg.num_invalid} iterations excluded (duration_s <= 0, non-finite or negative values)"
+            f"{agg.num_invalid} iterations excluded (duration_s <= 0, non-finite, negative or missing values)"
         )
     valid = agg.num_train + agg.num_test
     if moe_problem is not None:

@@ -338,3 +338,33 @@ def test_several_runs_need_a_run_id(tmp_path: Path) -> None:
     with pytest.raises(FitInputError, match=f"holds 2 runs; choose one with --run: .*{a}|{b}"):
         fit_run(db)
     assert len(fit_run(db, b).nodes) == 2 and len(fit_run(db, a).nodes) == 1
+
+
+def test_a_column_missing_from_an_external_table_excludes_rows_with_a_message(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "no_rst.duckdb"
+    con = duckdb.connect(str(db))
+    con.execute(
+        "CREATE TABLE prefill_iterations (run_id VARCHAR, node_id INTEGER, iter_id BIGINT, "
+        "t_start DOUBLE, duration_s DOUBLE, num_reqs INTEGER, t_uc BIGINT, attn_pairs DOUBLE, t_c BIGINT)"
+    )
+    con.execute(
+        "INSERT INTO prefill_iterations SELECT 'x', 0, i, i, 0.01 + i * 1e-6, 1, 100 + i, 1e4, 0 "
+        "FROM range(50) t(i)"
+    )
+    con.close()
+    fit = fit_run(db)
+    entry = fit.nodes[0].prefill
+    assert entry.coef is None
+    assert "50 iterations excluded" in entry.message and "missing values" in entry.message
+    assert "only 0 training iterations" in entry.message
+
+
+def test_synthetic_truth_is_validated() -> None:
+    with pytest.raises(ValueError, match="node 1: coefficients must be >= 0"):
+        synth_logs("unused.duckdb", nodes=2, truth=[{}, {"prefill": (1.0, -1.0, 0.0, 0.0)}])
+    with pytest.raises(ValueError, match="moe_top_k <= moe_experts"):
+        synth_logs("unused.duckdb", nodes=1, truth={"moe_top_k": 9, "moe_experts": 8})
+    with pytest.raises(ValueError, match="one per node"):
+        synth_logs("unused.duckdb", nodes=3, truth=[{}, {}])
