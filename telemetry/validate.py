@@ -11,7 +11,7 @@ value and what is allowed; nothing of a rejected batch is kept by the caller.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -129,7 +129,7 @@ def _columns_of(table: str, data: Any) -> tuple[dict[str, Any], int]:
             raise fail(table, None, None, f"duplicate column names {data.column_names}")
         return {name: data.column(name) for name in data.column_names}, data.num_rows
     if isinstance(data, Mapping):
-        raw = {str(k): _array_like(v) for k, v in data.items()}
+        raw = {str(k): _array_like(table, str(k), v) for k, v in data.items()}
     elif isinstance(data, Sequence) and not isinstance(data, str | bytes):
         raw = _rows_to_columns(table, data)
     else:
@@ -146,11 +146,13 @@ def _columns_of(table: str, data: Any) -> tuple[dict[str, Any], int]:
     return raw, next(iter(lengths.values()), 0)
 
 
-def _array_like(values: Any) -> Any:
+def _array_like(table: str, name: str, values: Any) -> Any:
     if isinstance(values, pl.Series):
         return values.to_arrow()
     if isinstance(values, pa.Array | pa.ChunkedArray | np.ndarray):
         return values
+    if isinstance(values, str | bytes) or not isinstance(values, Iterable):
+        raise fail(table, None, name, f"expected a sequence of values, got {type(values).__name__}")
     return list(values)
 
 

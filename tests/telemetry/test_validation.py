@@ -252,3 +252,7 @@ def test_unsupported_batch_type(writer):
         writer.append("kv_events", 3)
     with pytest.raises(TelemetryError, match="kv_events row 1: a row must be a dict"):
         writer.append("kv_events", [{"t": 1.0}, 5])
+    with pytest.raises(TelemetryError, match="column tier: expected a sequence of values, got str"):
+        writer.append("kv_events", {"t": [1.0], "tier": "gpu"})
+    with pytest.raises(TelemetryError, match="column t: expected a sequence of values, got float"):
+        writer.append("kv_events", {"t": 1.0})
