@@ -1,7 +1,7 @@
 """Fit the iteration-time models of every node of a run from DuckDB (paper 000 §5.1).
 
 Eq. 1 (prefill, c0..c3) and Eq. 2 (decode, d0..d2 with phi(B) of App. B.3) are fitted per
-node by relative-error NNLS (models.fitting). The rows never leave DuckDB: one SQL pass per
+node by relative-error NNLS (models.fitting). The rows never leave DuckDB (toolkit.fit_sql): one SQL pass per
 phase sums, per node, per held-out flag and per bootstrap bucket, the Gram statistics
 (sum x_i x_j / y^2, sum x_i / y, count) — a few hundred rows whatever the log size — and
 a second pass over the held-out rows computes MAPE with the fitted coefficients passed as
@@ -14,7 +14,7 @@ Decisions for logs written outside pdlab:
 - decode needs the node's moe_top_k / moe_experts from `nodes`; a node without a (valid)
   row gets a message in its decode entry rather than a guess. moe_experts = 0 means a dense
   model: phi(B) = 0 and d1 is fixed at 0 (noted).
-- rows with duration_s <= 0, non-finite values or negative features are excluded and
+- rows with duration_s <= 0, non-finite, negative or missing values are excluded and
   counted in the entry's message.
 - `save_fits` creates `model_fits` when absent and replaces the run's previous rows for the
   refitted (node, phase) pairs in one transaction; failed fits leave earlier rows alone.
@@ -23,33 +23,23 @@ Decisions for logs written outside pdlab:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, Protocol
 
 import duckdb
-import numpy as np
 
-from models.fitting import (
-    DECODE_TERMS,
-    PREFILL_TERMS,
-    FitError,
-    GramStats,
-    bootstrap_ci,
-    fit_from_gram,
-)
+from models.fitting import FitError, bootstrap_ci, fit_from_gram
 from telemetry import TelemetryError, open_reader, store
 from telemetry.reader import DB_ALIAS
 from telemetry.validate import validate_batch
+from toolkit.fit_sql import HASH_MOD, PHASE_SQL, Agg, aggregate, heldout_mape
 
 Phase = Literal["prefill", "decode"]
 PHASES: tuple[Phase, ...] = ("prefill", "decode")
 ITERATION_TABLES = ("prefill_iterations", "decode_iterations")
-HASH_MOD = 10_000  # held-out split resolution: holdout is rounded to 1e-4
-NUM_BUCKETS = 64  # bootstrap resamples these hash buckets of training rows
 
 
 class FitInputError(Exception):
@@ -93,55 +83,6 @@ class RunFit(NamedTuple):
 
 class _Reader(Protocol):
     def connect(self) -> Any: ...
-
-
-@dataclass(frozen=True, slots=True)
-class _PhaseSql:
-    """How one phase's rows become features x (the model's design row) and validity."""
-
-    table: str
-    terms: tuple[str, ...]
-    features: tuple[str, ...]  # SQL for x_1..x_{p-1}; x_0 is the constant 1
-    valid: str
-    needs_moe: bool
-
-
-_PREFILL = _PhaseSql(
-    table="prefill_iterations",
-    terms=PREFILL_TERMS,
-    features=("t.t_uc::DOUBLE", "t.attn_pairs::DOUBLE", "t.t_rst::DOUBLE"),
-    valid=(
-        "t.duration_s > 0 AND isfinite(t.duration_s) AND t.t_uc >= 0 AND t.attn_pairs >= 0 "
-        "AND isfinite(t.attn_pairs) AND t.t_rst >= 0"
-    ),
-    needs_moe=False,
-)
-# phi(B) = 1 - (1 - k/E)^(t_fwd*B) = 1 - exp(t_fwd*B*ln(1 - k/E)); m.log_base = ln(1 - k/E),
-# 0 for a dense node (phi = 0).
-_DECODE = _PhaseSql(
-    table="decode_iterations",
-    terms=DECODE_TERMS,
-    features=("1.0 - exp(t.t_fwd * t.batch_size * m.log_base)", "t.batch_size::DOUBLE"),
-    valid="t.duration_s > 0 AND isfinite(t.duration_s) AND t.batch_size > 0 AND t.t_fwd > 0 AND isfinite(t.t_fwd)",
-    needs_moe=True,
-)
-_SQL = {"prefill": _PREFILL, "decode": _DECODE}
-
-
-@dataclass(slots=True)
-class _Agg:
-    """Accumulated Gram statistics of one node and phase (training rows per bucket)."""
-
-    buckets: list[GramStats] = field(default_factory=list)
-    num_train: int = 0
-    num_test: int = 0
-    num_invalid: int = 0
-
-    def train(self, p: int) -> GramStats:
-        total = GramStats.zeros(p)
-        for b in self.buckets:
-            total = total + b
-        return total
 
 
 @contextmanager
@@ -216,103 +157,11 @@ def _moe_problem(shape: tuple[int, int] | None) -> str | None:
     return None
 
 
-def _values(rows: Sequence[Sequence[float | int]], names: Sequence[str]) -> tuple[str, list[Any]]:
-    """A parameterized VALUES list `(VALUES (?::INTEGER, ?::DOUBLE, ...), ...) m(names)`."""
-    casts = ", ".join(["?::INTEGER"] + ["?::DOUBLE"] * (len(names) - 1))
-    body = ", ".join(f"({casts})" for _ in rows)
-    return f"(VALUES {body}) AS m({', '.join(names)})", [v for r in rows for v in r]
-
-
-def _aggregate(
-    con: Any,
-    spec: _PhaseSql,
-    run_id: str,
-    node_ids: Sequence[int] | None,
-    threshold: int,
-    log_base: dict[int, float],
-) -> dict[int, _Agg]:
-    p = len(spec.terms)
-    feats = ["w", *(f"({f}) * w" for f in spec.features)]  # x_i / y
-    names = [f"x{i}" for i in range(p)]
-    pairs = [(i, j) for i in range(p) for j in range(i, p)]
-    sums = [f"fsum({names[i]} * {names[j]})" for i, j in pairs] + [f"fsum({n})" for n in names]
-    params: list[Any] = []
-    join = ""
-    if spec.needs_moe:
-        # Nodes without a usable MoE shape are absent from m: their x's are NULL and only
-        # their row counts are used (for the message).
-        shapes = list(log_base.items()) or [(-1, 0.0)]
-        values, params = _values(shapes, ("node_id", "log_base"))
-        join = f"LEFT JOIN {values} ON m.node_id = t.node_id"
-    node_filter = ""
-    if node_ids is not None:
-        node_filter = f" AND t.node_id IN ({', '.join('?' for _ in node_ids)})"
-    sql = f"""
-        WITH s AS (
-            SELECT t.node_id AS node_id,
-                   hash(t.node_id, t.iter_id) AS h,
-                   coalesce({spec.valid}, false) AS ok,
-                   CASE WHEN ok THEN 1.0 / t.duration_s END AS w,
-                   {", ".join(f"{f} AS {n}" for f, n in zip(feats, names, strict=True))}
-            FROM {spec.table} t {join}
-            WHERE t.run_id = ?{node_filter}
-        )
-        SELECT node_id, ok, (h % {HASH_MOD}) < ? AS test, (h // {HASH_MOD}) % {NUM_BUCKETS} AS bucket,
-               count(*) AS n, {", ".join(sums)}
-        FROM s GROUP BY ALL
-    """
-    args = [*params, run_id, *(node_ids or []), threshold]
-    out: dict[int, _Agg] = {}
-    result: list[tuple[Any, ...]] = con.execute(sql, args).fetchall()
-    rows = sorted(result, key=lambda r: (r[0], r[1], r[2], r[3]))
-    for node, ok, test, _bucket, n, *vals in rows:
-        agg = out.setdefault(int(node), _Agg())
-        if not ok:
-            agg.num_invalid += n
-        elif test:
-            agg.num_test += n
-        else:
-            agg.num_train += n
-            if vals[0] is not None:  # NULL: a decode node without MoE shape, counted only
-                xtx = np.zeros((p, p))
-                for (i, j), v in zip(pairs, vals, strict=False):
-                    xtx[i, j] = xtx[j, i] = v
-                xty = np.asarray(vals[len(pairs) :], dtype=np.float64)
-                agg.buckets.append(GramStats(xtx, xty, float(n), int(n)))
-    return out
-
-
-def _heldout_mape(
-    con: Any,
-    spec: _PhaseSql,
-    run_id: str,
-    threshold: int,
-    coefs: dict[int, tuple[float, ...]],
-    log_base: dict[int, float],
-) -> dict[int, tuple[int, float]]:
-    """Held-out MAPE per node: second pass over the held-out rows only."""
-    if not coefs or threshold <= 0:
-        return {}
-    p = len(spec.terms)
-    cols = ["node_id", *(f"c{i}" for i in range(p)), "log_base"]
-    rows = [(n, *c, log_base.get(n, 0.0)) for n, c in coefs.items()]
-    values, params = _values(rows, cols)
-    pred = " + ".join(["m.c0", *(f"m.c{i + 1} * ({f})" for i, f in enumerate(spec.features))])
-    sql = f"""
-        SELECT t.node_id, count(*), fsum(abs(({pred}) - t.duration_s) / t.duration_s)
-        FROM {spec.table} t JOIN {values} ON m.node_id = t.node_id
-        WHERE t.run_id = ? AND coalesce({spec.valid}, false) AND hash(t.node_id, t.iter_id) % {HASH_MOD} < ?
-        GROUP BY t.node_id
-    """
-    res = con.execute(sql, [*params, run_id, threshold]).fetchall()
-    return {int(n): (int(c), float(s) / c) for n, c, s in res if c}
-
-
 def _fit_phase(
-    node: int, phase: Phase, agg: _Agg | None, moe_problem: str | None, bootstrap: int, seed: int
+    node: int, phase: Phase, agg: Agg | None, moe_problem: str | None, bootstrap: int, seed: int
 ) -> tuple[PhaseFit, list[str]]:
     """Coefficients of one node and phase, or a PhaseFit carrying the reason it failed."""
-    spec = _SQL[phase]
+    spec = PHASE_SQL[phase]
     where = f"node {node} {phase}"
     if agg is None:
         return PhaseFit(phase, None, 0, message=f"{where}: no {phase} iterations logged"), []
@@ -380,7 +229,7 @@ def fit_run(
         run = _resolve_run(con, run_id, label)
         shapes = _moe_shapes(con, run)
         aggs = {
-            phase: _aggregate(con, _SQL[phase], run, wanted, threshold, _log_bases(shapes))
+            phase: aggregate(con, PHASE_SQL[phase], run, wanted, threshold, _log_bases(shapes))
             for phase in PHASES
         }
         nodes = sorted(set(shapes) | set(aggs["prefill"]) | set(aggs["decode"]))
@@ -425,20 +274,20 @@ def _fit_nodes(
     run: str,
     phase: Phase,
     nodes: list[int],
-    aggs: dict[int, _Agg],
+    aggs: dict[int, Agg],
     shapes: dict[int, tuple[int, int]],
     threshold: int,
     bootstrap: int,
     seed: int,
 ) -> dict[int, tuple[PhaseFit, list[str]]]:
     """Fit one phase for every node, then measure held-out MAPE in one SQL pass."""
-    spec = _SQL[phase]
+    spec = PHASE_SQL[phase]
     per = {}
     for n in nodes:
         problem = _moe_problem(shapes.get(n)) if spec.needs_moe else None
         per[n] = _fit_phase(n, phase, aggs.get(n), problem, bootstrap, seed)
     coefs = {n: fit.coef for n, (fit, _) in per.items() if fit.coef is not None}
-    for n, (count, value) in _heldout_mape(
+    for n, (count, value) in heldout_mape(
         con, spec, run, threshold, coefs, _log_bases(shapes)
     ).items():
         fit, notes = per[n]
