@@ -1,4 +1,5 @@
-"""Eq. 1-2 against per-iteration times composed from real GPU profiles (toolkit.real_profiles).
+"""Eq. 1-2 against iteration times composed from real GPU profiles (toolkit.real_profiles,
+toolkit.real_profile_report).
 
 Findings asserted here (run with -s to see the full per-size tables):
 - A100 (vidur): the prefill model fitted on every composed point predicts iterations of
@@ -24,15 +25,8 @@ import pytest
 from models.fitting import PrefillRegressor
 from telemetry import TelemetryWriter
 from toolkit.fitting import fit_run
-from toolkit.real_profiles import (
-    SERVING_MIN_TOKENS,
-    ProfileReport,
-    compose_decode,
-    compose_prefill,
-    format_report,
-    load_profile,
-    validate,
-)
+from toolkit.real_profile_report import SERVING_MIN_TOKENS, ProfileReport, format_report, validate
+from toolkit.real_profiles import compose_decode, compose_prefill, load_profile
 
 
 @pytest.fixture(scope="module")
