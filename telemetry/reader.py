@@ -15,6 +15,7 @@ is held for one query (or one `connect()` block), because it blocks the writer's
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +29,7 @@ from telemetry.errors import TelemetryError
 from telemetry.schema import FINALIZED_TABLE, META_TABLE, TABLES
 
 DB_ALIAS = "pdlab_db"
+_ATTACHED: Counter[Path] = Counter()  # open connect() blocks per DB file in this process
 LIVE_RUNS_VIEW = "pdlab_live_runs"
 
 
@@ -55,9 +57,14 @@ class TelemetryReader:
         Keep the block short: while it is open, writers cannot commit to the DB.
         """
         con = duckdb.connect()
+        key = self.db_path.resolve()
         try:
             self._define_views(con)
-            yield con
+            _ATTACHED[key] += 1
+            try:
+                yield con
+            finally:
+                _ATTACHED[key] -= 1
         finally:
             con.close()
 
@@ -142,7 +149,10 @@ class TelemetryReader:
         db_tables: dict[str, list[str]] = {}
         finalized: set[str] = set()
         if self.db_path.exists():
-            live.wait_for_writers(self.db_path, self.lock_timeout_s)
+            if not _ATTACHED[self.db_path.resolve()]:
+                # Yield to a waiting writer, unless this process already holds the file (the
+                # writer cannot get it before that connection closes anyway).
+                live.wait_for_writers(self.db_path, self.lock_timeout_s)
             attach = f"ATTACH {store.sql_str(self.db_path)} AS {DB_ALIAS} (READ_ONLY)"
             store.retry_locked(
                 lambda: con.execute(attach), self.db_path, self.lock_timeout_s, "read telemetry"
@@ -154,6 +164,9 @@ class TelemetryReader:
             if FINALIZED_TABLE in db_tables:
                 rows = con.execute(f"SELECT run_id FROM {prefix}{FINALIZED_TABLE}").fetchall()
                 finalized = {r[0] for r in rows}
+        # While the attach is held no run can be finalized, so the live segments listed now
+        # stay in place for this connection. (Without a DB file there is no attach to hold: a
+        # run finalized at that very moment can make the query fail; running it again works.)
         live_runs = [r for r in live.live_run_ids(self.db_path) if r not in finalized]
         segs: dict[str, list[Path]] = {}
         for run_id in live_runs:

@@ -184,3 +184,15 @@ def test_readers_yield_to_a_writer_waiting_for_the_lock(db):
         assert not done.wait(0.3)  # holds off while a writer wants the file
     assert done.wait(10)
     reader.join()
+
+
+def test_reader_nested_in_its_own_connection_does_not_wait_for_writers(db):
+    TelemetryWriter(db, run_id="a").close()
+    r = TelemetryReader(db)
+    done = threading.Event()
+    with r.connect(), live.write_intent(db):
+        # This process holds the file, so a writer cannot get it before we finish anyway.
+        nested = threading.Thread(target=lambda: (r.runs(), done.set()))
+        nested.start()
+        assert done.wait(10)
+    nested.join()
