@@ -37,16 +37,16 @@ def test_insert_coalesces_a_chain_and_match_counts_pages() -> None:
     cache = PrefixCache(page_size=4, capacity_pages=100)
     a = list(range(12))
     cache.insert(a, now=1.0)
-    cache.insert(a + [50, 51, 52, 53], now=2.0)
+    cache.insert([*a, 50, 51, 52, 53], now=2.0)
     # Like SGLang's recorder: a store continuing the queued store's chain extends it.
     (event,) = cache.take_events()
-    assert event.block_hashes == page_hashes(a + [50, 51, 52, 53], 4)
+    assert event.block_hashes == page_hashes([*a, 50, 51, 52, 53], 4)
     assert event.parent_block_hash is None and event.block_size == 4 and event.medium == "GPU"
-    assert event.token_ids == a + [50, 51, 52, 53]
-    cache.insert(a + [60, 61, 62, 63], now=2.5)  # a branch: parent is page 3 of `a`
+    assert event.token_ids == [*a, 50, 51, 52, 53]
+    cache.insert([*a, 60, 61, 62, 63], now=2.5)  # a branch: parent is page 3 of `a`
     (branch,) = cache.take_events()
     assert branch.parent_block_hash == page_hashes(a, 4)[-1] and len(branch.block_hashes) == 1
-    assert len(cache.match(a + [50, 51, 52, 53, 9], now=3.0)) == 4
+    assert len(cache.match([*a, 50, 51, 52, 53, 9], now=3.0)) == 4
     assert cache.match([99] * 8, now=3.0) == []
 
 
