@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from models.fitting import GramStats, decode_features, fit_from_gram, prefill_features
-from telemetry import TelemetryWriter
+from telemetry import TelemetryWriter, open_reader
 from telemetry.schema import TABLES
 from toolkit.fitting import FitInputError, fit_run, save_fits, to_json
 from toolkit.synth import DEFAULT_TRUTH, synth_logs
@@ -368,3 +368,10 @@ def test_synthetic_truth_is_validated() -> None:
         synth_logs("unused.duckdb", nodes=1, truth={"moe_top_k": 9, "moe_experts": 8})
     with pytest.raises(ValueError, match="one per node"):
         synth_logs("unused.duckdb", nodes=3, truth=[{}, {}])
+
+
+def test_a_telemetry_reader_can_be_passed_instead_of_a_path(synth_db: tuple[Path, str]) -> None:
+    db, run_id = synth_db
+    by_path = fit_run(db, run_id, node_ids=[0], bootstrap=0)
+    by_reader = fit_run(open_reader(db), run_id, node_ids=[0], bootstrap=0)
+    assert by_reader.nodes == by_path.nodes
