@@ -311,11 +311,16 @@ class StandinEngine:
             first_token = res.first_token_id
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[list[int], dict | None]] = asyncio.Queue()
+
+        def on_update(ids: list[int], fin: dict | None) -> None:
+            # Called on the scheduler thread: hand the update to this request's event loop.
+            loop.call_soon_threadsafe(queue.put_nowait, (ids, fin))
+
         req = StandinRequest(
             rid=rid,
             input_ids=input_ids,
             max_new_tokens=max_new_tokens,
-            on_update=lambda ids, fin: loop.call_soon_threadsafe(queue.put_nowait, (ids, fin)),
+            on_update=on_update,
             bootstrap_room=None if room is None else int(room),
             first_token_id=first_token,
         )

@@ -272,7 +272,8 @@ class BatchDecoder:
                 self._note_skip(str(why))
             except WireError as why:  # one bad event does not poison its batch
                 skipped += 1
-                self._note_skip(f"malformed event: {why}")
+                logger.debug("malformed KV event skipped: %s", why)
+                self._note_skip("malformed event")
         return DecodedBatch(float(ts), dp, out, skipped)
 
     def _note_skip(self, reason: str) -> None:
