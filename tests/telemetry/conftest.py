@@ -70,11 +70,11 @@ def db(tmp_path: Path) -> Path:
     return tmp_path / "telemetry.duckdb"
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def rows() -> RowsFn:
     return sample_rows
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def nodes() -> Callable[..., list[dict[str, Any]]]:
     return node_rows

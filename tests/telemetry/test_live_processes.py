@@ -91,7 +91,7 @@ def test_writer_waits_for_a_reader_holding_the_database(db):
     with TelemetryReader(db).connect() as con:
         step(proc)
         expect(proc, "closing")
-        time.sleep(1.5)
+        time.sleep(1.0)
         assert proc.poll() is None  # still retrying the lock
         assert run_dir(db, "held").exists()
         assert con.execute("SELECT count(*) FROM decode_iterations").fetchall() == [(500,)]

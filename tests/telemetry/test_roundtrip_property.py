@@ -66,7 +66,7 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("prop") / "prop.duckdb"
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batches=st.lists(batch(), min_size=1, max_size=3))
 def test_valid_batches_round_trip_exactly(db, batches):
     run_id = next(RUN_IDS)  # one database, a new run per example

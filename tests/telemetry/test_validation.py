@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -165,8 +164,10 @@ CASES = [
 ]
 
 
-@pytest.fixture
-def writer(db: Path, rows, nodes) -> Iterator[TelemetryWriter]:
+@pytest.fixture(scope="module")
+def writer(tmp_path_factory: pytest.TempPathFactory, rows, nodes) -> Iterator[TelemetryWriter]:
+    # One writer for the module: every rejected batch must leave it exactly as it was.
+    db = tmp_path_factory.mktemp("validation") / "v.duckdb"
     w = TelemetryWriter(db, run_id="v", flush_interval_s=3600)
     w.add_nodes(nodes())
     w.append("prefill_iterations", rows("prefill_iterations", 20))
@@ -211,18 +212,25 @@ def test_first_bad_row_is_reported_among_many(writer, rows):
         writer.append("decode_iterations", {**rows("decode_iterations", 5000), "batch_size": big})
 
 
-def test_nodes_are_validated_and_unique(writer, db, nodes):
-    before = state(writer)
-    with pytest.raises(TelemetryError, match="nodes row 1, column node_id: 2 is already a node"):
-        writer.add_nodes(nodes((7, 2)))
-    with pytest.raises(TelemetryError, match="nodes row 0, column moe_top_k: -1 is not >= 0"):
-        writer.add_nodes([{**nodes((8,))[0], "moe_top_k": -1}])
-    with pytest.raises(TelemetryError, match="nodes row 1, column node_id: 5 is already a node"):
-        writer.append("nodes", nodes((5, 5)))
-    assert state(writer) == before
-    writer.add_nodes(nodes((7,)))
-    writer.append("evictions", {**_one_eviction(), "node_id": [7]})
-    assert open_reader(db).nodes("v")["node_id"].to_list() == [0, 1, 2, 7]
+def test_nodes_are_validated_and_unique(db, nodes):
+    with TelemetryWriter(db, run_id="n") as w:
+        w.add_nodes(nodes())
+        before = state(w)
+        with pytest.raises(
+            TelemetryError, match="nodes row 1, column node_id: 2 is already a node"
+        ):
+            w.add_nodes(nodes((7, 2)))
+        with pytest.raises(TelemetryError, match="nodes row 0, column moe_top_k: -1 is not >= 0"):
+            w.add_nodes([{**nodes((8,))[0], "moe_top_k": -1}])
+        with pytest.raises(
+            TelemetryError, match="nodes row 1, column node_id: 5 is already a node"
+        ):
+            w.append("nodes", nodes((5, 5)))
+        assert state(w) == before
+        w.add_nodes(nodes((7,)))
+        w.append("evictions", {**_one_eviction(), "node_id": [7]})
+    assert open_reader(db).nodes("n")["node_id"].to_list() == [0, 1, 2, 7]
+    assert open_reader(db).table("evictions")["node_id"].to_list() == [7]
 
 
 def _one_eviction() -> dict[str, list[Any]]:
