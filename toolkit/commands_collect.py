@@ -60,6 +60,16 @@ def _check_endpoint(value: str | None, option: str) -> None:
         )
 
 
+def _discover(server: str, node_id: int) -> Any:
+    from cluster.core import ConfigError
+    from cluster.sglang.cluster_file import discover_engine
+
+    try:
+        return discover_engine(server, max(node_id, 0))
+    except ConfigError as e:
+        raise typer.BadParameter(str(e), param_hint="--server") from None
+
+
 def _open_writer(
     db: Path,
     run_id: str | None,
@@ -148,8 +158,11 @@ def _run(
 
 @collect_app.command("kv-events")
 def kv_events(
-    connect: str = typer.Option(
-        ..., "--connect", help="engine KV event PUB endpoint, tcp://HOST:PORT"
+    connect: str | None = typer.Option(
+        None, "--connect", help="engine KV event PUB endpoint, tcp://HOST:PORT"
+    ),
+    server: str | None = typer.Option(
+        None, "--server", help="engine HTTP URL: read the endpoints from its /server_info"
     ),
     db: Path = typer.Option(..., "--db", help="DuckDB telemetry file (created if missing)"),
     node_id: int = typer.Option(0, "--node-id", help="node id of this engine in the run"),
@@ -167,6 +180,16 @@ def kv_events(
     """Subscribe to one engine's KV events and write them to the kv_events table."""
     from cluster.sglang.kv_collector import KVEventCollector
 
+    if server is not None:
+        spec = _discover(server, node_id)
+        connect = connect or spec.kv_events
+        replay = replay or spec.kv_replay
+        topic = topic or spec.kv_topic
+    if connect is None:
+        raise typer.BadParameter(
+            "give the publisher endpoint, or --server URL of an engine that advertises it",
+            param_hint="--connect",
+        )
     _check_endpoint(connect, "--connect")
     _check_endpoint(replay, "--replay")
     start = time.time()
@@ -202,8 +225,11 @@ def kv_events(
 
 @collect_app.command("forward-metrics")
 def forward_metrics(
-    connect: str = typer.Option(
-        ..., "--connect", help="SGLang forward-pass metrics PUB endpoint (ipc:// or tcp://)"
+    connect: str | None = typer.Option(
+        None, "--connect", help="SGLang forward-pass metrics PUB endpoint (ipc:// or tcp://)"
+    ),
+    server: str | None = typer.Option(
+        None, "--server", help="engine HTTP URL: read the endpoint from its /server_info"
     ),
     db: Path = typer.Option(..., "--db", help="DuckDB telemetry file (created if missing)"),
     node_id: int = typer.Option(0, "--node-id", help="node id of this engine in the run"),
@@ -221,6 +247,14 @@ def forward_metrics(
     """Subscribe to SGLang forward-pass metrics; write prefill/decode iteration rows."""
     from cluster.sglang.forward_metrics import ForwardMetricsCollector
 
+    if server is not None:
+        connect = connect or _discover(server, node_id).forward_metrics
+    if connect is None:
+        raise typer.BadParameter(
+            "give the metrics endpoint, or --server URL of an engine started with "
+            "--enable-forward-pass-metrics",
+            param_hint="--connect",
+        )
     _check_endpoint(connect, "--connect")
     start = time.time()
     config = {"collect": "forward-metrics", "connect": connect, "chunk_tokens": chunk_tokens}

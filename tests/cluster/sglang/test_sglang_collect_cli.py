@@ -81,7 +81,7 @@ def test_collect_forward_metrics_writes_iterations(tmp_path: Path) -> None:
     db = tmp_path / "fpm.duckdb"
     with StandinEngine("null") as engine:
         ep = engine.endpoints
-        assert ep is not None and ep.forward_metrics
+        assert ep is not None and ep.forward_metrics  # found through /server_info (--server)
         t = _traffic(ep.http_url, 4, 0.5)
         result = CliRunner().invoke(
             app,
