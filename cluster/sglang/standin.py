@@ -9,8 +9,10 @@ metrics over ZMQ in SGLang's wire format (with the replay ROUTER); and runs PD
 disaggregation (prefill/decode/null) with the bootstrap protocol (`cluster.sglang.bootstrap`).
 Tokens come from a toy byte tokenizer (`toy_tokenizer`); forward passes last as long as the
 iteration-time models say (`cluster.sglang.scheduler`). What is not modelled: sampling,
-stop strings, logprobs, batch (list) inputs, LoRA, multimodal, CUDA-graph checks of role
-switch, host-memory (HiCache) tiers.
+stop strings, logprobs, batch (list) inputs, LoRA, multimodal, host-memory (HiCache) tiers,
+RDMA (the decode side fetches a finished room from the prefill's bootstrap server). Role
+switch mirrors SGLang's checks, including the decode-CUDA-graph headroom required on the
+first flip to decode (`free_gpu_memory_gb` stands for the free device memory).
 
     engine = StandinEngine("prefill", enable_pd_role_switch=True)
     urls = engine.start()            # StandinEndpoints(http_url, kv_events, kv_replay, ...)
@@ -109,6 +111,7 @@ class StandinEngine:
         bootstrap_port: int = 0,
         enable_pd_role_switch: bool = False,
         transfer_timeout_s: float = 30.0,
+        free_gpu_memory_gb: float = 80.0,
     ) -> None:
         if role not in ROLES:
             raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
@@ -127,6 +130,8 @@ class StandinEngine:
         self.bootstrap_port = bootstrap_port
         self.enable_pd_role_switch = enable_pd_role_switch
         self.transfer_timeout_s = transfer_timeout_s
+        self.free_gpu_memory_gb = free_gpu_memory_gb  # what a decode-graph capture may use
+        self._decode_graphs_captured = role == "decode"
         self.rooms = RoomRegistry()
         self.kv_publisher: ZmqBatchPublisher | None = None
         self.fpm_publisher: ZmqBatchPublisher | None = None
@@ -483,10 +488,25 @@ class StandinEngine:
         def switch() -> str | None:
             if self._inflight or sched.waiting or sched.running:
                 return "instance is not idle; drain all requests before switching"
+            # An instance that never ran decode has no decode CUDA graphs: SGLang needs the
+            # graph footprint of a decode peer before capturing them on the flip.
+            if new_role == "decode" and not self._decode_graphs_captured:
+                need = body.get("decode_cuda_graph_memory_gb")
+                if need is None:
+                    return "decode_cuda_graph_memory_gb is required before capturing decode graphs"
+                if float(need) < 0:
+                    return "decode_cuda_graph_memory_gb must be non-negative"
+                if self.free_gpu_memory_gb < float(need):
+                    return (
+                        "insufficient decode CUDA graph headroom: "
+                        f"required={float(need):.3f} GB, available={self.free_gpu_memory_gb:.3f} GB"
+                    )
             if body.get("prepare_only"):
                 return "ready"
             sched.cache.reset()  # releases the prefix cache -> AllBlocksCleared
             sched.role = new_role  # type: ignore[assignment]
+            if new_role == "decode":
+                self._decode_graphs_captured = True
             return None
 
         problem = sched.run_exclusive(switch)

@@ -233,12 +233,25 @@ def test_role_switch_requires_flag_idle_and_clears_the_cache() -> None:
         time.sleep(0.1)  # the 0.3 s prefill pass is running
         busy = httpx.post(f"{url}/pd_role_switch", json={"new_role": "decode"})
         t.join()
-        ok = httpx.post(f"{url}/pd_role_switch", json={"new_role": "decode"})
+        no_graphs = httpx.post(f"{url}/pd_role_switch", json={"new_role": "decode"})
+        too_big = httpx.post(
+            f"{url}/pd_role_switch", json={"new_role": "decode", "decode_cuda_graph_memory_gb": 500}
+        )
+        assert not any(e.kind is KVEventKind.CLEARED for e in got)  # refusals keep the cache
+        ok = httpx.post(
+            f"{url}/pd_role_switch", json={"new_role": "decode", "decode_cuda_graph_memory_gb": 2.5}
+        )
         assert _wait(lambda: bool(got) and got[-1].kind is KVEventKind.CLEARED)
         info = httpx.get(f"{url}/server_info").json()
         col.stop()
     assert busy.status_code == 400
     assert busy.json()["message"] == "instance is not idle; drain all requests before switching"
+    assert no_graphs.json()["message"] == (
+        "decode_cuda_graph_memory_gb is required before capturing decode graphs"
+    )
+    assert too_big.json()["message"] == (
+        "insufficient decode CUDA graph headroom: required=500.000 GB, available=80.000 GB"
+    )
     assert ok.status_code == 200
     assert {k: ok.json()[k] for k in ("success", "message", "old_role", "new_role")} == {
         "success": True,
