@@ -328,7 +328,7 @@ class ControlPlane:
     def tick(self, now: float) -> PlannerDecision | None:
         """Run the planner if its interval elapsed; apply its switches in auto mode."""
         self.now = now
-        if self.planner_mode == "off" or now < self.next_plan_t:
+        if self.planner_mode == "off" or self.collocated or now < self.next_plan_t:
             return None
         self.next_plan_t = now + self.planner.interval_s
         self.stats.prune(now)

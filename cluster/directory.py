@@ -72,7 +72,8 @@ class KVDirectory:
         self.blocks: dict[BlockHash, Block] = {}
         # node -> engine block hash -> directory hash (only for re-keyed live events)
         self._engine_keys: dict[int, dict[BlockHash, BlockHash]] = {}
-        self.count_listeners: list[CountListener] = []
+        self.count_listeners: list[CountListener] = []  # every change of R_{b,n}
+        self.flag_listeners: list[CountListener] = []  # R_{b,n} crossing between 0 and > 0
         self.drop_listeners: list[DropListener] = []
         self.num_events = 0
 
@@ -191,6 +192,7 @@ class KVDirectory:
         """
         blocks = self.blocks
         listeners = self.count_listeners
+        flags = self.flag_listeners
         for h in hashes:
             b = blocks.get(h)
             if b is None:
@@ -202,11 +204,15 @@ class KVDirectory:
                 if delta < 0:
                     raise AssertionError(f"count release of block {h} not on node {node}")
                 hold = b.holders[node] = Holding(0, t)
-            hold.count += delta
-            if hold.count < 0:
+            before = hold.count
+            hold.count = after = before + delta
+            if after < 0:
                 raise AssertionError(f"negative count for block {h} on node {node}")
             for listener in listeners:
-                listener(node, h, hold.count)
+                listener(node, h, after)
+            if flags and (before == 0) != (after == 0):
+                for listener in flags:
+                    listener(node, h, after)
             if hold.tiers == 0 and hold.count == 0:
                 del b.holders[node]
                 if not b.holders:

@@ -61,6 +61,8 @@ class Evicted(NamedTuple):
 
 
 class _Entry:
+    """A cached block. `stamp` names its live heap item; 0 means it has none (pinned)."""
+
     __slots__ = ("access", "depth", "pins", "stamp", "tokens")
 
     def __init__(self, tokens: int, access: float, depth: int) -> None:
@@ -104,20 +106,19 @@ class TierCache:
     def free_tokens(self) -> int:
         return self.capacity_tokens - self.used_tokens
 
+    def _key(self, h: BlockHash, e: _Entry) -> tuple[object, ...]:
+        count = self.count_of(h) if self.policy.uses_counts else 0
+        return (*self.policy.key(count, e.access), -e.depth)
+
     def _push(self, h: BlockHash, e: _Entry) -> None:
         self._stamp += 1
         e.stamp = self._stamp
-        count = self.count_of(h) if self.policy.uses_counts else 0
-        heapq.heappush(self._heap, (*self.policy.key(count, e.access), -e.depth, self._stamp, h))
+        heapq.heappush(self._heap, (*self._key(h, e), self._stamp, h))
         if len(self._heap) > 4 * len(self.entries) + 64:
             self._rebuild()
 
     def _rebuild(self) -> None:
-        heap = []
-        uses = self.policy.uses_counts
-        for h, e in self.entries.items():
-            count = self.count_of(h) if uses else 0
-            heap.append((*self.policy.key(count, e.access), -e.depth, e.stamp, h))
+        heap = [(*self._key(h, e), e.stamp, h) for h, e in self.entries.items() if e.stamp != 0]
         heapq.heapify(heap)
         self._heap = heap
 
@@ -131,35 +132,37 @@ class TierCache:
         """
         evicted: list[Evicted] = []
         depth = first_depth
+        entries = self.entries
         for h in hashes:
-            e = self.entries.get(h)
+            e = entries.get(h)
             if e is not None:
                 if t > e.access:
                     e.access = t
-                    self._push(h, e)
             else:
                 if self.used_tokens + tokens > self.capacity_tokens:
                     evicted.extend(self.evict(self.used_tokens + tokens - self.capacity_tokens))
                     if self.used_tokens + tokens > self.capacity_tokens:
                         break  # everything left is pinned
-                e = self.entries[h] = _Entry(tokens, t, depth)
+                e = entries[h] = _Entry(tokens, t, depth)
                 self.used_tokens += tokens
                 self._push(h, e)
             depth += 1
         return evicted
 
     def touch(self, hashes: Iterable[BlockHash], t: float) -> None:
+        """Update last access. Keys only grow here, so the heap is corrected lazily at eviction."""
+        entries = self.entries
         for h in hashes:
-            e = self.entries.get(h)
+            e = entries.get(h)
             if e is not None and t > e.access:
                 e.access = t
-                self._push(h, e)
 
     def on_count_change(self, h: BlockHash, count: int) -> None:
-        """Re-key a block whose count changed (only the 0 <-> positive flip matters)."""
-        if self.policy.uses_counts:
+        """A block's count changed. Dropping to zero lowers its key: push it (decrease-key);
+        rising keys are corrected lazily at eviction."""
+        if count == 0 and self.policy.uses_counts:
             e = self.entries.get(h)
-            if e is not None:
+            if e is not None and e.stamp != 0:
                 self._push(h, e)
 
     def pin(self, hashes: Iterable[BlockHash]) -> None:
@@ -173,6 +176,8 @@ class TierCache:
             e = self.entries.get(h)
             if e is not None and e.pins > 0:
                 e.pins -= 1
+                if e.pins == 0 and e.stamp == 0:
+                    self._push(h, e)  # back into the eviction order
 
     def remove(self, h: BlockHash) -> bool:
         e = self.entries.pop(h, None)
@@ -189,10 +194,13 @@ class TierCache:
         return gone
 
     def evict(self, need_tokens: int) -> list[Evicted]:
-        """Free at least `need_tokens` tokens in policy order, skipping pinned blocks."""
+        """Free at least `need_tokens` tokens in policy order, skipping pinned blocks.
+
+        A popped heap item whose key has grown since it was pushed (a touch, or a count that
+        became positive) is re-pushed with its current key instead of being evicted.
+        """
         out: list[Evicted] = []
         freed = 0
-        skipped: list[tuple[object, ...]] = []
         heap = self._heap
         entries = self.entries
         while freed < need_tokens and heap:
@@ -201,16 +209,20 @@ class TierCache:
             e = entries.get(h)  # type: ignore[arg-type]
             if e is None or e.stamp != item[-2]:
                 continue  # stale
+            current = self._key(h, e)  # type: ignore[arg-type]
+            if current > item[:-2]:
+                self._stamp += 1
+                e.stamp = self._stamp
+                heapq.heappush(heap, (*current, self._stamp, h))
+                continue
             if e.pins:
-                skipped.append(item)
+                e.stamp = 0  # out of the heap while pinned; `unpin` puts it back
                 continue
             del entries[h]  # type: ignore[arg-type]
             self.used_tokens -= e.tokens
             freed += e.tokens
             count = self.count_of(h)  # type: ignore[arg-type]
             out.append(Evicted(h, e.tokens, count, e.access))  # type: ignore[arg-type]
-        for item in skipped:
-            heapq.heappush(heap, item)
         return out
 
     def check_invariants(self) -> None:

@@ -35,7 +35,9 @@ class NodeReport:
     queued: tuple[QueuedWork, ...] = ()  # prefill queue, in order
     remaining_s: float = 0.0  # T_rem: remaining time of the running prefill batch
     running: int = 0  # requests running (prefill batch or decode batch)
-    seen: frozenset[str] = frozenset()  # request ids the node had received by `t`
+    # Request ids the node had received by `t`; None means every request sent up to `t`
+    # has arrived (the simulator's engines receive instantly).
+    seen: frozenset[str] | None = None
     kv_gpu_used: int = 0
     kv_gpu_capacity: int = 0
     kv_host_used: int = 0
@@ -85,7 +87,12 @@ class ClusterState:
         self.reports[r.node_id] = r
         sent = self.sent.get(r.node_id)
         if sent:
-            for rid in [rid for rid, (ts, _) in sent.items() if rid in r.seen or ts < r.t - 60.0]:
+            if r.seen is None:
+                gone = [rid for rid, (ts, _) in sent.items() if ts <= r.t]
+            else:
+                # A request missing from reports for a minute is presumed lost or finished.
+                gone = [rid for rid, (ts, _) in sent.items() if rid in r.seen or ts < r.t - 60.0]
+            for rid in gone:
                 del sent[rid]
 
     def record_sent(self, node: int, work: QueuedWork, t: float) -> None:

@@ -1,0 +1,1 @@
+"""The embedded default: a discrete-event simulator of a PD-disaggregated agent cluster (SPEC §5)."""

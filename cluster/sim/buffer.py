@@ -1,0 +1,64 @@
+"""Columnar buffering of telemetry rows between the simulator and a sink.
+
+The simulator emits one row at a time from hot paths; `BufferedSink` appends to per-table
+column lists and hands the sink large batches, so the writer sees few, big Arrow batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from cluster.core import TelemetrySink
+
+
+class BufferedSink:
+    def __init__(
+        self, sink: TelemetrySink, batch_rows: int = 50_000, skip: frozenset[str] = frozenset()
+    ) -> None:
+        self.sink = sink
+        self.batch_rows = batch_rows
+        self.skip = skip
+        self._cols: dict[str, dict[str, list[Any]]] = {}
+        self._rows: dict[str, int] = {}
+        self.rows_emitted: dict[str, int] = {}
+
+    def emit(self, table: str, columns: Mapping[str, Sequence[Any]]) -> None:
+        if table in self.skip:
+            return
+        dst = self._cols.get(table)
+        if dst is None:
+            dst = self._cols[table] = {k: [] for k in columns}
+            self._rows[table] = 0
+        n = 0
+        for k, v in columns.items():
+            dst[k].extend(v)
+            n = len(v)
+        self._rows[table] += n
+        if self._rows[table] >= self.batch_rows:
+            self._flush_table(table)
+
+    def row(self, table: str, **values: Any) -> None:
+        """One row as keyword arguments (the common case on hot paths)."""
+        if table in self.skip:
+            return
+        dst = self._cols.get(table)
+        if dst is None:
+            dst = self._cols[table] = {k: [] for k in values}
+            self._rows[table] = 0
+        for k, v in values.items():
+            dst[k].append(v)
+        self._rows[table] += 1
+        if self._rows[table] >= self.batch_rows:
+            self._flush_table(table)
+
+    def _flush_table(self, table: str) -> None:
+        cols = self._cols.pop(table, None)
+        n = self._rows.pop(table, 0)
+        if cols and n:
+            self.sink.emit(table, cols)
+            self.rows_emitted[table] = self.rows_emitted.get(table, 0) + n
+
+    def flush(self) -> None:
+        for table in list(self._cols):
+            self._flush_table(table)
