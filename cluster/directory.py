@@ -193,29 +193,32 @@ class KVDirectory:
         blocks = self.blocks
         listeners = self.count_listeners
         flags = self.flag_listeners
+        get = blocks.get
         for h in hashes:
-            b = blocks.get(h)
+            b = get(h)
             if b is None:
                 if delta < 0:
                     raise AssertionError(f"count release of unknown block {h} on node {node}")
                 b = blocks[h] = Block(ROOT_HASH, self.block_tokens)
-            hold = b.holders.get(node)
+            holders = b.holders
+            hold = holders.get(node)
             if hold is None:
                 if delta < 0:
                     raise AssertionError(f"count release of block {h} not on node {node}")
-                hold = b.holders[node] = Holding(0, t)
+                hold = holders[node] = Holding(0, t)
             before = hold.count
             hold.count = after = before + delta
             if after < 0:
                 raise AssertionError(f"negative count for block {h} on node {node}")
-            for listener in listeners:
-                listener(node, h, after)
+            if listeners:
+                for listener in listeners:
+                    listener(node, h, after)
             if flags and (before == 0) != (after == 0):
                 for listener in flags:
                     listener(node, h, after)
-            if hold.tiers == 0 and hold.count == 0:
-                del b.holders[node]
-                if not b.holders:
+            if after == 0 and hold.tiers == 0:
+                del holders[node]
+                if not holders:
                     del blocks[h]
 
     def count(self, node: int, h: BlockHash) -> int:

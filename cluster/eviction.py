@@ -106,14 +106,15 @@ class TierCache:
     def free_tokens(self) -> int:
         return self.capacity_tokens - self.used_tokens
 
-    def _key(self, h: BlockHash, e: _Entry) -> tuple[object, ...]:
-        count = self.count_of(h) if self.policy.uses_counts else 0
+    def _key(self, h: BlockHash, e: _Entry, count: int | None = None) -> tuple[object, ...]:
+        if count is None:
+            count = self.count_of(h) if self.policy.uses_counts else 0
         return (*self.policy.key(count, e.access), -e.depth)
 
-    def _push(self, h: BlockHash, e: _Entry) -> None:
+    def _push(self, h: BlockHash, e: _Entry, count: int | None = None) -> None:
         self._stamp += 1
         e.stamp = self._stamp
-        heapq.heappush(self._heap, (*self._key(h, e), self._stamp, h))
+        heapq.heappush(self._heap, (*self._key(h, e, count), self._stamp, h))
         if len(self._heap) > 4 * len(self.entries) + 64:
             self._rebuild()
 
@@ -163,7 +164,7 @@ class TierCache:
         if count == 0 and self.policy.uses_counts:
             e = self.entries.get(h)
             if e is not None and e.stamp != 0:
-                self._push(h, e)
+                self._push(h, e, 0)
 
     def pin(self, hashes: Iterable[BlockHash]) -> None:
         for h in hashes:

@@ -4,7 +4,7 @@
   prefix cached on n or anywhere in the shared pool, x_n the part only another node holds;
   W_n = T_rem + sum of Eq. 3 over the node's queue and the requests sent but not yet
   reported; T_hat = W + T_P^req(w_n) + max(0, tau(x_n) - W) + kappa*x_n; ties go to the
-  longest local prefix. Nodes whose last report is older than 5 s are skipped.
+  longest local prefix. A report older than 5 s is ignored (W then counts sent requests only).
 - `cache-aware`: the SGLang Model Gateway policy: when loads are imbalanced
   (max - min > balance_abs_threshold and max > balance_rel_threshold * min) route to the
   least loaded worker, else to the worker whose approximate tree (built from the requests it
@@ -98,8 +98,9 @@ class PredictedTTFTRouter(_Base):
         d = view.directory
         bt = d.block_tokens
         now = req.now
-        fresh = [n for n in nodes if view.fresh_report(n, now) is not None]
-        cand = fresh or nodes  # with no fresh state at all, still route (on pending work only)
+        # A node whose last report is older than max_report_age_s contributes no state (its
+        # wait counts only the requests sent to it since); health checks exclude dead nodes.
+        cand = nodes
         match = d.longest_prefix(req.path, cand)
         pool = view.kv_fetch != "none"
         cluster_tokens = match.cluster * bt

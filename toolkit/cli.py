@@ -7,6 +7,7 @@ import typer
 from toolkit.commands_bench import bench_command
 from toolkit.commands_collect import collect_app
 from toolkit.commands_fit import fit_command, synth_logs_command
+from toolkit.commands_sim import simulate_command
 
 app = typer.Typer(
     name="pdlab",
@@ -31,6 +32,7 @@ def version() -> None:
     typer.echo(f"pdlab {dist_version('pdlab')} (telemetry schema {SCHEMA_VERSION})")
 
 
+app.command("simulate")(simulate_command)
 app.command("fit")(fit_command)
 app.command("synth-logs")(synth_logs_command)
 app.command("bench")(bench_command)

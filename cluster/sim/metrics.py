@@ -27,7 +27,7 @@ def _mean(a: np.ndarray) -> float:
 
 def summarize(sim: Simulator) -> dict[str, Any]:
     cfg = sim.cfg
-    t0, t1 = cfg.warmup_s, cfg.duration_s
+    t0, t1 = cfg.warmup_s, max(sim.now, cfg.warmup_s)
     done = [r for r in sim.requests if r.t_done is not None and r.measured]
     ttft = np.array([r.t_first_token - r.t_arrival for r in done if r.t_first_token is not None])
     e2e = np.array([r.t_done - r.t_arrival for r in done])  # type: ignore[operator]
@@ -67,10 +67,10 @@ def summarize(sim: Simulator) -> dict[str, Any]:
         "kv_fetch": sim.cp.config.kv_fetch,
         "profile": sim.profile.name,
         "seed": cfg.seed,
-        "sim_seconds": float(cfg.duration_s),
+        "sim_seconds": float(sim.now),
         "measured_seconds": float(measured),
         "wall_seconds": float(sim.wall_s),
-        "speedup": float(cfg.duration_s / sim.wall_s) if sim.wall_s > 0 else float("nan"),
+        "speedup": float(sim.now / sim.wall_s) if sim.wall_s > 0 else float("nan"),
         "requests": len(done),
         "throughput_rps": float(finished_in_window / measured) if measured > 0 else float("nan"),
         "mean_ttft_s": _mean(ttft),

@@ -86,7 +86,7 @@ class HardwareProfile:
 PRESETS: dict[str, HardwareProfile] = {
     "gb300": HardwareProfile(
         name="gb300",
-        prefill=(0.030, 2.5e-5, 1.2e-10, 2.0e-7),
+        prefill=(0.030, 8.0e-5, 4.0e-10, 3.0e-7),
         decode=(0.012, 0.015, 2.8e-4),
         top_k=8,
         num_experts=256,

@@ -251,6 +251,7 @@ class Simulator:
         self.queue_wait: dict[int, list[float]] = {n: [] for n in ids}
         self.events_processed = 0
         self.wall_s = 0.0
+        self._started = False
 
     # ---- kernel ------------------------------------------------------------------------
     def _at(self, t: float, prio: int, fn: Callable[..., None], *args: Any) -> None:
@@ -258,27 +259,47 @@ class Simulator:
         heapq.heappush(self.heap, (t, prio, self.seq, fn, args))
 
     def run(self) -> dict[str, Any]:
-        cfg = self.cfg
-        start_wall = time.perf_counter()
+        """Simulate the whole configured duration and return the summary."""
+        self.start()
+        self.step_until(self.cfg.duration_s)
+        return self.finish()
+
+    def start(self) -> None:
+        """Schedule the initial events (idempotent)."""
+        if self._started:
+            return
+        self._started = True
         self._start()
-        end = cfg.duration_s
+
+    def step_until(self, t_end: float) -> float:
+        """Process every event up to `t_end` (simulated seconds); returns the new time.
+
+        A live server calls this repeatedly to pace the simulation to wall-clock time.
+        """
+        self.start()
+        t_end = min(t_end, self.cfg.duration_s)
+        wall0 = time.perf_counter()
         heap = self.heap
-        next_progress = 0.0
-        while heap:
+        progress = self.progress
+        next_progress = self.now
+        step = max(self.cfg.duration_s / 200.0, 1.0)
+        while heap and heap[0][0] <= t_end:
             t, _, _, fn, args = heapq.heappop(heap)
-            if t > end:
-                break
             self.now = t
             fn(*args)
             self.events_processed += 1
-            if self.progress is not None and t >= next_progress:
-                self.progress(t)
-                next_progress = t + max(end / 200.0, 1.0)
-        self.now = end
+            if progress is not None and t >= next_progress:
+                progress(t)
+                next_progress = t + step
+        self.now = max(self.now, t_end)
+        self.wall_s += time.perf_counter() - wall0
+        return self.now
+
+    def finish(self) -> dict[str, Any]:
+        """Flush telemetry and summarize (the run ends at the current time)."""
         self.out.flush()
-        self.wall_s = time.perf_counter() - start_wall
         if self.progress is not None:
-            self.progress(end)
+            self.progress(self.now)
         from cluster.sim.metrics import summarize
 
         return summarize(self)
@@ -583,9 +604,10 @@ class Simulator:
         )
 
     def _on_count(self, node: int, h: int, count: int) -> None:
-        n = self.nodes.get(node)
-        if n is not None:
-            n.l2.on_count_change(h, count)
+        if count == 0:  # only a drop to zero lowers a block's eviction key
+            n = self.nodes.get(node)
+            if n is not None:
+                n.l2.on_count_change(h, 0)
 
     # ---- scheduling -----------------------------------------------------------------
     def _serves_prefill(self, node: SimNode) -> bool:
@@ -794,21 +816,15 @@ class Simulator:
         if dnode is node:
             self._join(node, req)
             return
-        have = dnode.prefix_blocks(dnode.l1, req.path)
-        missing = max(req.t_in - have * bt, 0)
-        delay = self.profile.transfer_base_s + self.profile.transfer_s_per_token * missing
+        # Decode nodes keep running requests' KV in GPU memory and write it through to the
+        # pool; they reuse nothing from their own GPU memory, so the whole context moves.
+        delay = self.profile.transfer_base_s + self.profile.transfer_s_per_token * req.t_in
         self._at(now + delay, _TRANSFER, self._transfer_done, req)
 
     def _transfer_done(self, req: SimRequest) -> None:
         dnode = self.nodes[req.decode_node]
         dnode.inbound -= 1
-        self._store(
-            dnode,
-            req.path,
-            dnode.prefix_blocks(dnode.l2, req.path),
-            dnode.prefix_blocks(dnode.l1, req.path),
-            self.now,
-        )
+        self._store(dnode, req.path, dnode.prefix_blocks(dnode.l2, req.path), None, self.now)
         self.cp.on_transfer_done(req.branch_id, dnode.id, self.now)
         self._join(dnode, req)
 
@@ -831,7 +847,6 @@ class Simulator:
                 used + need <= cap or not node.decode_batch
             ):
                 node.decode_batch.append(req)
-                node.l1.pin(req.path)
                 used += need
             else:
                 keep.append(req)
@@ -897,7 +912,6 @@ class Simulator:
             (finished if r.decode_left <= 0 else still).append(r)
         node.decode_batch = still
         for r in finished:
-            node.l1.unpin(r.path)
             self._complete(r)
         self._schedule(node)
 
@@ -1008,6 +1022,14 @@ class Simulator:
 
     def _switched(self, node: SimNode, to: Phase, running: int) -> None:
         node.phase = to
+        if to == "decode" and node.l1.entries:
+            # GPU memory now holds running requests' KV: the prefix cache in it is gone
+            # (its host copies stay in the pool).
+            gone = node.l1.clear()
+            d = self.cp.directory
+            for h in gone:
+                d.remove(node.id, h, "gpu")
+            self._kv_rows(node.id, "gpu", "removed", gone, self.now)
         t_decided = self.cp.switches[node.id].t_decided if node.id in self.cp.switches else self.now
         self.cp.complete_switch(node.id, self.now, drained=running)
         self._switch_rows.append(

@@ -1,0 +1,119 @@
+"""`pdlab simulate`: simulate agent workloads on a PD-disaggregated cluster (SPEC §5, §7)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from cluster.core import ConfigError
+
+console = Console(stderr=True)
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_clean(x) for x in v]
+    return v
+
+
+def simulate_command(
+    workload: str = typer.Option("cc", help="putnam | cc | osworld | shift | path to a trace file"),
+    nodes: int = typer.Option(9, help="Number of nodes (each 4 GPUs in the presets)"),
+    split: str = typer.Option("4P5D", help="Initial split XPYD, or 'collocated'"),
+    agents: int | None = typer.Option(
+        None, help="Closed loop: concurrent agents (default 126 unless --arrival-rate)"
+    ),
+    arrival_rate: float | None = typer.Option(
+        None, "--arrival-rate", help="Open loop: Poisson agent arrivals per minute"
+    ),
+    max_active: int = typer.Option(258, help="Open loop admission limit (concurrent agents)"),
+    duration: float = typer.Option(3600.0, help="Simulated seconds"),
+    warmup: float = typer.Option(
+        600.0, help="Warmup seconds excluded from metrics (collocated + fit for the gain planner)"
+    ),
+    planner: str = typer.Option("gain", help="gain | static | dynamo | arrow"),
+    router: str = typer.Option(
+        "ttft", help="ttft | cache-aware | dynamo | sticky | round-robin | least-loaded"
+    ),
+    eviction: str = typer.Option("branch", help="branch | lru"),
+    profile: str = typer.Option(
+        "gb300", help="Preset (gb300, h200) or path to a `pdlab fit --json` file"
+    ),
+    seed: int = typer.Option(0, help="Random seed"),
+    db: Path | None = typer.Option(None, help="DuckDB file for the run's telemetry"),
+    run_id: str | None = typer.Option(None, "--run-id", help="Run id (default: generated)"),
+    kv_fetch: str | None = typer.Option(
+        None, help="async | sync | none (default: async for ttft, none otherwise)"
+    ),
+    telemetry: str = typer.Option(
+        "full", help="full | compact (compact drops kv_events, branch_counts, router_decisions)"
+    ),
+    relaunch: float = typer.Option(
+        700.0, help="Seconds a Dynamo-like relaunch keeps a node out of service"
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object"),
+) -> None:
+    """Simulate a workload on the embedded cluster and print the run summary."""
+    from cluster.sim.runner import simulate
+    from cluster.sim.simulator import SimConfig
+
+    if agents is None and arrival_rate is None:
+        agents = 126
+    try:
+        cfg = SimConfig(
+            workload=workload,
+            nodes=nodes,
+            split=split,
+            agents=agents,
+            arrival_rate_per_min=arrival_rate,
+            max_active=max_active,
+            duration_s=duration,
+            warmup_s=warmup,
+            planner=planner,
+            router=router,
+            eviction=eviction,
+            profile=profile,
+            seed=seed,
+            kv_fetch=kv_fetch,
+            telemetry=telemetry,
+            relaunch_s=relaunch,
+        )
+        with Progress(
+            TextColumn("[bold]simulating[/] {task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed:.0f}/{task.total:.0f} sim-s"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            transient=as_json,
+        ) as bar:
+            task = bar.add_task(f"{workload} on {nodes} nodes", total=duration)
+            summary = simulate(cfg, db, run_id, progress=lambda t: bar.update(task, completed=t))
+    except (ConfigError, ValueError) as err:
+        console.print(f"[red]error:[/] {err}")
+        raise typer.Exit(2) from None
+    summary = _clean(summary)
+    if as_json:
+        typer.echo(json.dumps(summary))
+        return
+    table = Table(title=f"run {summary.get('run_id') or '(not stored)'}", show_header=False)
+    for key in (
+        "workload", "initial_split", "final_split", "planner", "router", "eviction", "sim_seconds",
+        "wall_seconds", "speedup", "requests", "throughput_rps", "mean_ttft_s", "p95_ttft_s",
+        "mean_e2e_s", "p50_e2e_s", "p95_e2e_s", "kv_hit_rate", "ideal_kv_hit_rate",
+        "lost_kv_reuse", "switches", "mean_switch_time_s",
+    ):  # fmt: skip
+        v = summary.get(key)
+        table.add_row(key, f"{v:.4g}" if isinstance(v, float) else str(v))
+    Console().print(table)
