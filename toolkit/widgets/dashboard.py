@@ -1,0 +1,305 @@
+"""The cluster dashboard widget (SPEC §7): node cards, live plots and controls over REST.
+
+Paper 000 §4.2 lets an operator switch a node's phase without relaunching it; this widget is
+that operator's panel over `pdlab serve` (SPEC §6): a card per node (phase, queue, running
+requests, KV used in GPU and host memory) with a switch button, the PD split and rolling
+latency over time, the planner's mode (auto / advise / off) with its latest candidate gains
+(Eq. 6) and an "apply recommended split" button, and the router policy and copy price κ
+(Eq. 7). Every server error lands in the status line, never as a traceback. A background
+thread refreshes it every `refresh_s` seconds (`start()` / `stop()`); `refresh()` runs one
+update synchronously (tests, notebooks executed headless).
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import ipywidgets as w
+
+from toolkit.client import PdlabApiError, PdlabClient
+from toolkit.widgets import figures
+
+_PHASE_COLORS = {"prefill": figures.PREFILL_COLOR, "decode": figures.DECODE_COLOR}
+
+
+def _other(phase: str) -> str:
+    return "decode" if phase == "prefill" else "prefill"
+
+
+def _pct(used: float, cap: float) -> str:
+    return f"{100.0 * used / cap:.0f}%" if cap else "-"
+
+
+def _fmt_s(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f} s"
+
+
+class NodeCard:
+    """One node: a status block and a button switching it to the other phase."""
+
+    def __init__(self, node_id: int, on_switch: Callable[[int], object]) -> None:
+        self.node_id = node_id
+        self.info = w.HTML()
+        self.button = w.Button(layout=w.Layout(width="auto"))
+        self.button.add_class("pdlab-switch")
+        self.button.add_class(f"pdlab-switch-{node_id}")
+        self.button.on_click(lambda _b: on_switch(node_id))
+        self.box = w.VBox(
+            [self.info, self.button],
+            layout=w.Layout(border="1px solid #ccc", padding="6px", margin="2px", width="190px"),
+        )
+        self.box.add_class("pdlab-node-card")
+
+    def update(self, n: dict[str, Any]) -> None:
+        phase = n["phase"]
+        sw = n["switching"]
+        color = _PHASE_COLORS.get(phase, "#777")
+        state = (
+            f"switching → {sw['to_phase']} ({sw['trigger']})"
+            if sw
+            else ("out of service" if n["out_of_service"] else "serving")
+        )
+        self.info.value = (
+            f"<b>node {n['id']}</b> "
+            f"<span style='color:white;background:{color};padding:1px 5px;border-radius:3px'>"
+            f"{phase}</span><br><small>{html.escape(state)}</small><br>"
+            f"queue {n['queue']} · running {n['running']}<br>"
+            f"KV GPU {_pct(n['kv_gpu_used'], n['kv_gpu_capacity'])} · "
+            f"host {_pct(n['kv_host_used'], n['kv_host_capacity'])}"
+        )
+        target = _other(phase)
+        self.button.description = (
+            f"node {n['id']} switching → {sw['to_phase']}"
+            if sw
+            else f"switch node {n['id']} → {target}"
+        )
+        self.button.disabled = sw is not None
+        self.button.button_style = "" if sw else "warning"
+
+
+class ClusterDashboard:
+    """See module docstring. `ClusterDashboard(url, token)`; show it with `.display()`."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        refresh_s: float = 2.0,
+        client: PdlabClient | None = None,
+    ) -> None:
+        if client is None:
+            env = PdlabClient.from_env()
+            client = PdlabClient(url or env.url, token if token is not None else env.token)
+        self.client = client
+        self.refresh_s = refresh_s
+        self.last_error: str | None = None
+        self.last_message: str | None = None
+        self.state: dict[str, Any] | None = None
+        self.planner_state: dict[str, Any] | None = None
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._syncing = False  # set while refresh writes control values (no callbacks)
+        self.cards: dict[int, NodeCard] = {}
+
+        self.header = w.HTML()
+        self.status = w.HTML()
+        self.status.add_class("pdlab-status")
+        self.cards_box = w.HBox(layout=w.Layout(flex_flow="row wrap"))
+        self.split_fig = figures.split_figure()
+        self.latency_fig = figures.latency_figure()
+        self.gains_fig = figures.gains_figure()
+        self.mode = w.ToggleButtons(options=["auto", "advise", "off"], description="planner")
+        self.mode.observe(self._on_mode, names="value")
+        self.apply_button = w.Button(description="apply recommended split", button_style="success")
+        self.apply_button.add_class("pdlab-apply")
+        self.apply_button.on_click(lambda _b: self.apply_recommended())
+        self.recommendation = w.HTML()
+        self.policy = w.Dropdown(description="router", options=[])
+        self.copy_price = w.FloatText(description="κ (s/token)", step=1e-7)
+        self.router_button = w.Button(description="set router")
+        self.router_button.on_click(
+            lambda _b: self.set_router(self.policy.value, self.copy_price.value)
+        )
+        self.widget = w.VBox(
+            [
+                self.header,
+                self.status,
+                self.cards_box,
+                w.HBox([self.split_fig, self.latency_fig]),
+                w.HBox([self.mode, self.apply_button]),
+                self.recommendation,
+                self.gains_fig,
+                w.HBox([self.policy, self.copy_price, self.router_button]),
+            ]
+        )
+        self.widget.add_class("pdlab-dashboard")
+
+    # ---- display and refresh loop -----------------------------------------------------------
+    def display(self, autorefresh: bool = True) -> None:
+        from IPython.display import display
+
+        self.refresh()
+        display(self.widget)
+        if autorefresh:
+            self.start()
+
+    def _ipython_display_(self) -> None:
+        self.display()
+
+    def start(self) -> None:
+        """Refresh every `refresh_s` seconds in a background thread until `stop()`."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="pdlab-dashboard", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.refresh_s):
+            self.refresh()
+
+    def refresh(self) -> bool:
+        """Fetch the cluster, timeline and planner state and redraw; False on a server error."""
+        with self._lock:
+            try:
+                state = self.client.cluster()
+                timeline = self.client.timeline()
+                planner = self.client.planner()
+            except PdlabApiError as err:
+                self._error(f"cannot refresh: {err}")
+                return False
+            self.state, self.planner_state = state, planner
+            self._draw(state, timeline, planner)
+            if self.last_error and self.last_error.startswith("cannot refresh"):
+                self._clear_error()
+            return True
+
+    def _draw(self, s: dict[str, Any], timeline: dict[str, Any], planner: dict[str, Any]) -> None:
+        lat = s["latency"]
+        self.header.value = (
+            f"<b>run {html.escape(str(s['run_id']))}</b> · t = {s['time']:.0f} s "
+            f"({s['speed']:g}×{', ended' if s['finished'] else ''}) · split "
+            f"<b>{s['split']['prefill']}P{s['split']['decode']}D</b> · "
+            f"{s['requests_completed']} requests done · {s['switches']} switches · "
+            f"TTFT p50 {_fmt_s(lat['ttft_p50_s'])} · E2E p50 {_fmt_s(lat['e2e_p50_s'])}"
+        )
+        ids = [n["id"] for n in s["nodes"]]
+        if list(self.cards) != ids:
+            self.cards = {i: NodeCard(i, self.switch_node) for i in ids}
+            self.cards_box.children = [c.box for c in self.cards.values()]
+        for n in s["nodes"]:
+            self.cards[n["id"]].update(n)
+        figures.update_split(self.split_fig, timeline["split"], timeline["time"])
+        figures.update_latency(self.latency_fig, timeline["samples"])
+        decision = planner.get("last_decision")
+        figures.update_gains(self.gains_fig, decision)
+        self.recommendation.value = self._recommendation_text(planner, decision)
+        self._syncing = True
+        try:
+            self.mode.value = planner["mode"]
+            router = s["router"]
+            if list(self.policy.options) != router["policies"]:
+                self.policy.options = router["policies"]
+            self.policy.value = router["policy"]
+            self.copy_price.value = router["copy_price"]
+        finally:
+            self._syncing = False
+
+    @staticmethod
+    def _recommendation_text(planner: dict[str, Any], d: dict[str, Any] | None) -> str:
+        head = f"planner <b>{html.escape(planner['name'])}</b>, mode {planner['mode']}"
+        if planner.get("window_s"):
+            head += f", window {planner['window_s']:g} s / {planner['slices']} slices"
+        if d is None:
+            return head + " · no evaluation yet"
+        if d["chosen_prefill"] is None:
+            return (
+                head + f" · t={d['t']:.0f} s: no candidate qualified; keep {d['current_prefill']}P"
+            )
+        moves = ", ".join(f"node {m['node']} → {m['to_phase']}" for m in d["switches"])
+        return head + (
+            f" · t={d['t']:.0f} s: recommended {d['chosen_prefill']}P "
+            f"(from {d['current_prefill']}P: {moves})"
+        )
+
+    # ---- status line ----------------------------------------------------------------------------
+    def _error(self, message: str) -> None:
+        self.last_error = message
+        self.status.value = (
+            f"<div style='color:#b00020;font-weight:bold'>⚠ {html.escape(message)}</div>"
+        )
+
+    def _ok(self, message: str) -> None:
+        self.last_error = None
+        self.last_message = message
+        self.status.value = f"<div style='color:#1b5e20'>✓ {html.escape(message)}</div>"
+
+    def _clear_error(self) -> None:
+        self.last_error = None
+        self.status.value = ""
+
+    def _act(self, what: str, call: Callable[[], Any]) -> Any:
+        """Run a mutating call; a refusal goes to the status line (returns None)."""
+        with self._lock:
+            try:
+                out = call()
+            except PdlabApiError as err:
+                self._error(f"{what}: {err}")
+                return None
+            self.refresh()
+            return out
+
+    # ---- controls ---------------------------------------------------------------------------
+    def switch_node(self, node_id: int, phase: str | None = None) -> dict[str, Any] | None:
+        """Switch `node_id` to `phase` (default: the other phase than the one it serves)."""
+        if phase is None:
+            card = self.state and next((n for n in self.state["nodes"] if n["id"] == node_id), None)
+            phase = _other(card["phase"]) if card else "decode"
+        out = self._act(
+            f"switch node {node_id} → {phase}", lambda: self.client.switch(node_id, phase)
+        )
+        if out is not None:
+            self._ok(
+                f"node {node_id}: {out['from_phase']} → {out['to_phase']} at t={out['t_decided']:.1f} s "
+                f"({out['status']})"
+            )
+        return out
+
+    def _on_mode(self, change: dict[str, Any]) -> None:
+        if not self._syncing:
+            self.set_planner_mode(change["new"])
+
+    def set_planner_mode(self, mode: str) -> dict[str, Any] | None:
+        out = self._act(f"planner mode {mode}", lambda: self.client.set_planner(mode=mode))
+        if out is not None:
+            self._ok(f"planner mode {out['mode']}")
+        return out
+
+    def apply_recommended(self) -> dict[str, Any] | None:
+        out = self._act("apply recommended split", self.client.apply_planner)
+        if out is not None:
+            d = out["decision"]
+            self._ok(
+                f"applying {d['chosen_prefill']}P: switching node(s) {', '.join(map(str, out['started']))}"
+            )
+        return out
+
+    def set_router(
+        self, policy: str | None, copy_price: float | None = None
+    ) -> dict[str, Any] | None:
+        out = self._act(
+            f"router {policy}", lambda: self.client.set_router(policy=policy, copy_price=copy_price)
+        )
+        if out is not None:
+            self._ok(f"router {out['policy']}, copy price {out['copy_price']:g} s/token")
+        return out
