@@ -204,9 +204,10 @@ def launch_server(
     token = token or secrets.token_urlsafe(12)
     cmd = [sys.executable, "-m", "toolkit.cli", "serve", "--port", str(port), "--token", token,
            "--speed", str(speed), *(["--db", str(db)] if db is not None else []), *args]  # fmt: skip
-    log = tempfile.NamedTemporaryFile("wb", prefix="pdlab-serve-", suffix=".log", delete=False)
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    log.close()
+    with tempfile.NamedTemporaryFile(
+        "wb", prefix="pdlab-serve-", suffix=".log", delete=False
+    ) as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     server = ServerProcess(
         proc, f"http://127.0.0.1:{port}", token, None if db is None else str(db), log.name
     )
