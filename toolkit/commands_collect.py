@@ -118,7 +118,10 @@ def _run(
     """Run until --seconds or a signal; flush periodically; close the writer; print a summary."""
     console = Console(stderr=True)
     stop = threading.Event()
-    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # Explicit handlers: SIGINT may arrive ignored (a background job of a script).
+    previous = {
+        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
     t0 = time.monotonic()
     collector.start()
     try:
@@ -136,7 +139,8 @@ def _run(
     except KeyboardInterrupt:
         pass
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         collector.stop()
         with sink.lock:
             sink.writer.close()

@@ -5,6 +5,7 @@ sources (`wire`, `fpm`), and `standin` is a protocol-faithful fake SGLang server
 CPU so the live-cluster code can be tested without GPUs.
 """
 
+from cluster.sglang.cluster_file import EngineSpec, discover_engine, load_cluster_file
 from cluster.sglang.forward_metrics import ForwardMetricsCollector
 from cluster.sglang.fpm import ForwardPassMetrics, decode_fpm, encode_fpm, estimate_attn_pairs
 from cluster.sglang.kv_collector import KVEventCollector
@@ -14,6 +15,7 @@ from cluster.sglang.wire import BatchDecoder, WireError, encode_batch, kv_event_
 
 __all__ = [
     "BatchDecoder",
+    "EngineSpec",
     "ForwardMetricsCollector",
     "ForwardPassMetrics",
     "KVEventCollector",
@@ -22,9 +24,11 @@ __all__ = [
     "WireError",
     "ZmqBatchPublisher",
     "decode_fpm",
+    "discover_engine",
     "encode_batch",
     "encode_fpm",
     "estimate_attn_pairs",
     "kv_event_rows",
+    "load_cluster_file",
     "to_int64",
 ]

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import socket
 import tempfile
 import threading
@@ -717,13 +718,14 @@ def main(argv: list[str] | None = None) -> None:
         bootstrap_port=a.bootstrap_port,
         enable_pd_role_switch=a.enable_pd_role_switch,
     )
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
     ep = engine.start()
     print(f"SGLang stand-in ({a.role}) ready: {json.dumps(ep._asdict())}", flush=True)
     try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        pass
+        while not stop.wait(0.5):
+            pass
     finally:
         engine.stop()
 
