@@ -210,12 +210,10 @@ class ControlPlane:
     def route(self, req: RouteRequest) -> RouteDecision:
         """Route without touching branch state (also used to re-route queued requests)."""
         decision = self.router.route(req, self.view)
-        bt = self.directory.block_tokens
         t_c = decision.cached_tokens + decision.fetch_tokens
         self.state.record_sent(
             decision.node_id, QueuedWork(req.request_id, max(req.t_in - t_c, 1), t_c), req.now
         )
-        self.directory.touch(decision.node_id, req.path[: t_c // bt], req.now)
         if self.config.log_router_decisions:
             self.sink.emit(
                 "router_decisions",

@@ -73,7 +73,9 @@ class KVDirectory:
         # node -> engine block hash -> directory hash (only for re-keyed live events)
         self._engine_keys: dict[int, dict[BlockHash, BlockHash]] = {}
         self.count_listeners: list[CountListener] = []  # every change of R_{b,n}
-        self.flag_listeners: list[CountListener] = []  # R_{b,n} crossing between 0 and > 0
+        # Called once per update with the blocks whose R_{b,n} dropped to zero (their
+        # eviction key fell: branch-aware caches must re-rank them).
+        self.zero_listeners: list[Callable[[int, list[BlockHash]], None]] = []
         self.drop_listeners: list[DropListener] = []
         self.num_events = 0
 
@@ -192,7 +194,7 @@ class KVDirectory:
         """
         blocks = self.blocks
         listeners = self.count_listeners
-        flags = self.flag_listeners
+        zeros: list[BlockHash] | None = [] if delta < 0 and self.zero_listeners else None
         get = blocks.get
         for h in hashes:
             b = get(h)
@@ -213,13 +215,16 @@ class KVDirectory:
             if listeners:
                 for listener in listeners:
                     listener(node, h, after)
-            if flags and (before == 0) != (after == 0):
-                for listener in flags:
-                    listener(node, h, after)
-            if after == 0 and hold.tiers == 0:
-                del holders[node]
-                if not holders:
-                    del blocks[h]
+            if after == 0:
+                if hold.tiers == 0:
+                    del holders[node]
+                    if not holders:
+                        del blocks[h]
+                elif zeros is not None:
+                    zeros.append(h)
+        if zeros:
+            for zl in self.zero_listeners:
+                zl(node, zeros)
 
     def count(self, node: int, h: BlockHash) -> int:
         b = self.blocks.get(h)

@@ -95,6 +95,7 @@ class TierCache:
         self.used_tokens = 0
         self._heap: list[tuple[object, ...]] = []
         self._stamp = 0
+        self._zeroed: list[BlockHash] = []  # blocks whose count fell to 0, not yet re-ranked
 
     def __contains__(self, h: object) -> bool:
         return h in self.entries
@@ -159,11 +160,23 @@ class TierCache:
                 e.access = t
 
     def on_count_change(self, h: BlockHash, count: int) -> None:
-        """A block's count changed. Dropping to zero lowers its key: push it (decrease-key);
-        rising keys are corrected lazily at eviction."""
+        """A block's count changed. Dropping to zero lowers its key (decrease-key): the block
+        is re-ranked before the next eviction; rising keys are corrected lazily at eviction."""
         if count == 0 and self.policy.uses_counts:
-            e = self.entries.get(h)
-            if e is not None and e.stamp != 0:
+            self._zeroed.append(h)
+
+    def on_counts_zeroed(self, hashes: list[BlockHash]) -> None:
+        """Batch form of `on_count_change(h, 0)`."""
+        if self.policy.uses_counts:
+            self._zeroed.extend(hashes)
+
+    def _rerank_zeroed(self) -> None:
+        zeroed, self._zeroed = self._zeroed, []
+        entries = self.entries
+        count_of = self.count_of
+        for h in zeroed:
+            e = entries.get(h)
+            if e is not None and e.stamp != 0 and count_of(h) == 0:
                 self._push(h, e, 0)
 
     def pin(self, hashes: Iterable[BlockHash]) -> None:
@@ -191,6 +204,7 @@ class TierCache:
         gone = list(self.entries)
         self.entries.clear()
         self._heap.clear()
+        self._zeroed.clear()
         self.used_tokens = 0
         return gone
 
@@ -200,6 +214,8 @@ class TierCache:
         A popped heap item whose key has grown since it was pushed (a touch, or a count that
         became positive) is re-pushed with its current key instead of being evicted.
         """
+        if self._zeroed:
+            self._rerank_zeroed()
         out: list[Evicted] = []
         freed = 0
         heap = self._heap

@@ -127,6 +127,7 @@ class SimNode:
         "cleared_at",
         "decode_batch",
         "decode_iter",
+        "decode_kv",
         "epoch",
         "id",
         "inbound",
@@ -161,6 +162,7 @@ class SimNode:
         self.prefill_iter = 0
         self.decode_iter = 0
         self.decode_batch: list[SimRequest] = []
+        self.decode_kv = 0
         self.join_queue: list[SimRequest] = []  # KV arrived, waiting for the next iteration
         self.waiting_join = 0
         self.inbound = 0  # requests bound here whose KV is still in transfer
@@ -188,7 +190,8 @@ class SimNode:
 
     @property
     def decode_kv_tokens(self) -> int:
-        return sum(r.t_in + r.t_out for r in self.decode_batch)
+        """KV tokens the running decode batch holds in GPU memory (input + full output)."""
+        return self.decode_kv
 
     def idle(self) -> bool:
         """No work of any phase in flight (a switching node completes its switch then)."""

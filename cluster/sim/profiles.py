@@ -11,6 +11,9 @@ Presets:
 - `gb300` - GLM-5.2-class MoE on 4x GB300 (TP4, NVFP4, FP8 KV, MTP): decode iteration
   17-45 ms at 8-64 running requests (Fig. 5d), prefill linear in uncached tokens and in the
   cached prefix (Fig. 5a/b), 2.06M GPU / 8.25M host KV tokens per node (App. D.5).
+- `gb300-kimi` - Kimi-K2.6-class MoE on 4x GB300 (k=8 of E=384, MLA full attention: far
+  costlier per query-key pair than GLM-5.2's sparse attention); paper 000 serves OSWorld and
+  the shifting workload with it.
 - `h200` - DeepSeek-V4-Flash-class MoE on 4x H200 (TP4): k=6 of E=256, t_fwd=6 (App. B.1),
   compressed attention (cheaper per query-key pair), 1.5 ms per million context tokens.
 A JSON file from `pdlab fit --json` is accepted as a profile: its nodes' fitted coefficients
@@ -97,6 +100,20 @@ PRESETS: dict[str, HardwareProfile] = {
         l1_tokens=2_060_000,
         l2_tokens=8_250_000,
         hardware="4xGB300 (GLM-5.2-class MoE, TP4)",
+    ),
+    "gb300-kimi": HardwareProfile(
+        name="gb300-kimi",
+        prefill=(0.030, 7.0e-5, 1.2e-9, 3.0e-7),
+        decode=(0.011, 0.016, 2.6e-4),
+        top_k=8,
+        num_experts=384,
+        t_fwd=2.0,
+        t_acc=1.7,
+        decode_ctx_s_per_token=1.5e-9,
+        noise=0.03,
+        l1_tokens=2_900_000,
+        l2_tokens=11_600_000,
+        hardware="4xGB300 (Kimi-K2.6-class MoE, MLA, TP4)",
     ),
     "h200": HardwareProfile(
         name="h200",

@@ -225,7 +225,7 @@ class Simulator:
             n: SimNode(n, self.initial_phases[n], l1, l2, policy, lambda h, n=n: d.count(n, h))
             for n in ids
         }
-        d.flag_listeners.append(self._on_count)
+        d.zero_listeners.append(self._on_zeroed)
         self.source = make_workload(
             cfg.workload, seed=cfg.seed, duration_s=cfg.duration_s, **cfg.workload_params
         )
@@ -435,7 +435,7 @@ class Simulator:
             done = run.t_done[j]
             if new and node is not None and done is not None:
                 n = self.nodes[node]
-                if n.cleared_at <= done:
+                if n.cleared_at < done and not n.out_of_service:  # still holds that KV
                     self._store(n, h.hashes, start, None, done)
         return h
 
@@ -603,11 +603,10 @@ class Simulator:
             num_tokens=0,
         )
 
-    def _on_count(self, node: int, h: int, count: int) -> None:
-        if count == 0:  # only a drop to zero lowers a block's eviction key
-            n = self.nodes.get(node)
-            if n is not None:
-                n.l2.on_count_change(h, 0)
+    def _on_zeroed(self, node: int, hashes: list[int]) -> None:
+        n = self.nodes.get(node)
+        if n is not None:
+            n.l2.on_counts_zeroed(hashes)
 
     # ---- scheduling -----------------------------------------------------------------
     def _serves_prefill(self, node: SimNode) -> bool:
@@ -847,6 +846,7 @@ class Simulator:
                 used + need <= cap or not node.decode_batch
             ):
                 node.decode_batch.append(req)
+                node.decode_kv += need
                 used += need
             else:
                 keep.append(req)
@@ -912,6 +912,7 @@ class Simulator:
             (finished if r.decode_left <= 0 else still).append(r)
         node.decode_batch = still
         for r in finished:
+            node.decode_kv -= r.t_in + r.t_out
             self._complete(r)
         self._schedule(node)
 

@@ -96,7 +96,9 @@ class Program:
             raise ValueError(f"program {self.program_id} has no turns")
         for i, t in enumerate(self.turns):
             if any(d >= i or d < 0 for d in t.deps):
-                raise ValueError(f"program {self.program_id} turn {i}: deps {t.deps} must precede it")
+                raise ValueError(
+                    f"program {self.program_id} turn {i}: deps {t.deps} must precede it"
+                )
             if t.parent_turn is not None and not 0 <= t.parent_turn < i:
                 raise ValueError(f"program {self.program_id} turn {i}: parent_turn must precede it")
 

@@ -48,8 +48,10 @@ class PutnamParams:
     task: TokenDist = field(default=TokenDist(600, 0.4, 150, 3_000))
     # LLM turns per problem (step budget)
     steps: TokenDist = field(default=TokenDist(24, 0.6, 2, 120))
-    # Long reasoning traces (decode-heavy): median 2.2K, mean ~3K tokens per request.
-    output: TokenDist = field(default=TokenDist(2_200, 0.8, 64, 32_768))
+    # Reasoning traces (decode-heavy): median 700, mean ~0.9K tokens per request, sized so
+    # that 224 agents on 9 GB300 nodes (profile gb300) run at ~9 req/s as in paper 000
+    # App. D.1 (8.81 req/s): E2E + pause ~ 25 s per request.
+    output: TokenDist = field(default=TokenDist(700, 0.7, 64, 32_768))
     tools: ToolMix = field(default_factory=_default_tools)
     program_sigma: float = 0.3  # per-program lognormal scale of output and result sizes
     max_context_tokens: int = 131_072  # stop (no context management) beyond the window

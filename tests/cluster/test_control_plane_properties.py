@@ -36,7 +36,7 @@ class ControlPlaneMachine(RuleBasedStateMachine):
             n: TierCache(n, "host", 40, BranchAwareEviction(), lambda h, n=n: self.d.count(n, h))
             for n in NODES
         }
-        self.d.flag_listeners.append(lambda n, h, c: self.host[n].on_count_change(h, c))
+        self.d.zero_listeners.append(lambda n, hs: self.host[n].on_counts_zeroed(hs))
 
     def _tick(self) -> float:
         self.clock += 1.0
