@@ -210,7 +210,9 @@ def test_putnam_is_one_decode_heavy_branch(sampled, summaries):
         assert sum(s.tokens for s in contexts(p)[-1]) <= 131_072
     s = summaries["putnam"]
     assert 0.97 <= s.ideal_hit_rate <= 0.995  # paper 000 Table C.1: ~99%
-    assert s.output_tokens > 2_000
+    # Decode-heavy: more output than uncached input per request (~0.9K output, calibrated
+    # to paper 000's Putnam throughput on the gb300 profile).
+    assert s.output_tokens > 600 and s.output_tokens > s.uncached_tokens
 
 
 def test_osworld_appends_a_screenshot_every_step_and_drops_old_ones(sampled):
