@@ -11,6 +11,7 @@ you apply it or set mode auto). `lab` starts `serve` in the background and Jupyt
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -105,7 +106,8 @@ def serve_command(
     server = uvicorn.Server(
         uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
     )
-    server.run()
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it handled
+        server.run()
     summary = live.summary
     if summary is not None:
         console.print(
