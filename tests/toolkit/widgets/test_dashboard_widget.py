@@ -1,0 +1,131 @@
+"""The cluster dashboard against a real `pdlab serve` on loopback; handlers called directly.
+
+Button clicks go through ipywidgets' own `Button.click()` (the handler a browser click runs),
+toggles through trait changes, so the wiring is tested, not only the methods.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from toolkit.client import PdlabClient, ServerProcess, free_port, launch_server
+from toolkit.widgets import ClusterDashboard
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    db = tmp_path_factory.mktemp("dash") / "live.duckdb"
+    srv = launch_server(
+        "--nodes", "4", "--split", "2P2D", "--agents", "24", "--window", "60", "--slices", "4",
+        token="dash-token", db=db, speed=40.0,
+    )  # fmt: skip
+    yield srv
+    assert srv.stop() == 0, srv.log()[-2000:]
+
+
+@pytest.fixture
+def dash(server: ServerProcess) -> Iterator[ClusterDashboard]:
+    d = ClusterDashboard(server.url, server.token, refresh_s=0.2)
+    yield d
+    d.stop()
+
+
+def test_refresh_builds_cards_and_plots(dash: ClusterDashboard) -> None:
+    assert dash.refresh() and dash.last_error is None
+    assert list(dash.cards) == [0, 1, 2, 3]
+    state = {n["id"]: n for n in dash.state["nodes"]}  # type: ignore[index]
+    for i, card in dash.cards.items():
+        other = "decode" if state[i]["phase"] == "prefill" else "prefill"
+        assert card.button.description == f"switch node {i} → {other}"
+        assert f"pdlab-switch-{i}" in card.button._dom_classes
+        assert f"node {i}</b>" in card.info.value and state[i]["phase"] in card.info.value
+    assert "split <b>2P2D</b>" in dash.header.value
+    assert list(dash.split_fig.data[0].y)[-1] == 2 and list(dash.split_fig.data[1].y)[-1] == 2
+    assert dash.policy.value == "ttft" and "round-robin" in dash.policy.options
+    assert dash.mode.value == "advise"
+    time.sleep(1.5)  # the server samples its timeline once per wall second
+    dash.refresh()
+    assert len(dash.latency_fig.data[0].x) >= 1
+
+
+def test_switch_button_switches_the_node_and_refusals_show_in_the_status(
+    dash: ClusterDashboard, server: ServerProcess
+) -> None:
+    dash.refresh()
+    node = next(n for n in dash.state["nodes"] if n["phase"] == "decode")  # type: ignore[index]
+    nid = node["id"]
+    dash.cards[nid].button.click()
+    assert dash.last_error is None, dash.last_error
+    assert f"node {nid}: decode → prefill" in dash.status.value
+    with server.client() as c:
+        s = next(n for n in c.cluster()["nodes"] if n["id"] == nid)
+        assert s["phase"] == "prefill" or s["switching"]["trigger"] == "manual"
+        if s["switching"] is not None:
+            # While it drains, the card says so and the button is disabled.
+            card = dash.cards[nid]
+            assert card.button.disabled and "switching → prefill" in card.button.description
+            out = dash.switch_node(nid, "prefill")
+            assert out is None
+            assert "already switching decode -&gt; prefill" in dash.status.value
+            assert dash.last_error is not None and "HTTP 409" in dash.last_error
+        c.wait_for_phase(nid, "prefill", timeout_s=30)
+    dash.refresh()
+    assert dash.cards[nid].button.description == f"switch node {nid} → decode"
+    # The last prefill-or-decode guard also reaches the widget as a message.
+    s = dash.state
+    decode = [n for n in s["nodes"] if n["phase"] == "decode"]  # type: ignore[index]
+    if len(decode) == 1:
+        assert dash.switch_node(decode[0]["id"]) is None
+        assert "last available decode node" in dash.status.value
+
+
+def test_router_and_planner_controls(dash: ClusterDashboard, server: ServerProcess) -> None:
+    dash.refresh()
+    assert dash.set_router("no-such-router") is None
+    assert "unknown router policy &#x27;no-such-router&#x27;" in dash.status.value
+    dash.policy.value = "least-loaded"
+    dash.copy_price.value = 3e-7
+    dash.router_button.click()
+    assert dash.last_error is None and "router least-loaded" in dash.status.value
+    with server.client() as c:
+        r = c.router()
+        assert r["policy"] == "least-loaded" and r["copy_price"] == pytest.approx(3e-7)
+        dash.mode.value = "off"  # the toggle's observer PUTs the mode
+        assert c.planner()["mode"] == "off"
+        dash.mode.value = "advise"
+        assert c.planner()["mode"] == "advise"
+    dash.apply_button.click()  # a refusal (switch pending, nothing qualified) is a message
+    assert ("applying" in dash.status.value) != (dash.last_error is not None)
+
+
+def test_background_refresh_updates_and_stops(dash: ClusterDashboard) -> None:
+    dash.refresh()
+    t0 = dash.state["time"]  # type: ignore[index]
+    dash.start()
+    deadline = time.monotonic() + 10
+    while dash.state["time"] <= t0 + 5:  # type: ignore[index]
+        assert time.monotonic() < deadline, "the background refresh did not run"
+        time.sleep(0.1)
+    dash.stop()
+    assert dash._thread is None
+
+
+def test_unreachable_server_is_a_message_not_a_traceback() -> None:
+    d = ClusterDashboard(client=PdlabClient(f"http://127.0.0.1:{free_port()}", "x", 2.0))
+    assert d.refresh() is False
+    assert "cannot refresh: cannot reach" in d.status.value
+    assert d.switch_node(0, "decode") is None and "cannot reach" in (d.last_error or "")
+
+
+def test_dashboard_reads_url_and_token_from_the_environment(
+    server: ServerProcess, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PDLAB_URL", server.url)
+    monkeypatch.setenv("PDLAB_TOKEN", server.token)
+    d = ClusterDashboard()
+    assert d.client.url == server.url and d.client.token == server.token
+    assert d.refresh()
