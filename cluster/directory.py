@@ -133,19 +133,21 @@ class KVDirectory:
         bit = _TIER_BIT[tier]
         tokens = block_tokens or self.block_tokens
         blocks = self.blocks
+        get = blocks.get
         for h in hashes:
-            b = blocks.get(h)
+            b = get(h)
             if b is None:
                 b = blocks[h] = Block(parent, tokens)
-            else:
-                b.parent = parent  # a count placeholder learns its parent when stored
-            hold = b.holders.get(node)
-            if hold is None:
                 b.holders[node] = Holding(bit, t)
             else:
-                hold.tiers |= bit
-                if t > hold.access:
-                    hold.access = t
+                b.parent = parent  # a count placeholder learns its parent when stored
+                hold = b.holders.get(node)
+                if hold is None:
+                    b.holders[node] = Holding(bit, t)
+                else:
+                    hold.tiers |= bit
+                    if t > hold.access:
+                        hold.access = t
             parent = h
 
     def remove(self, node: int, h: BlockHash, tier: Tier | None) -> None:
@@ -279,14 +281,52 @@ class KVDirectory:
                 hi = mid
         return lo
 
-    def longest_prefix(self, path: Sequence[BlockHash], nodes: Iterable[int]) -> PrefixMatch:
+    def prefix_lengths(
+        self, path: Sequence[BlockHash], nodes: Iterable[int], mask: int = GPU | HOST
+    ) -> dict[int, int]:
+        """Leading blocks of `path` each node holds in `mask` tiers.
+
+        One binary search for all nodes at once: probing block `mid` splits the candidate
+        nodes into those holding it (prefix > mid) and the rest (prefix <= mid), so a probe
+        costs one directory lookup however many nodes it decides.
+        """
+        out: dict[int, int] = {}
+        blocks = self.blocks
+        stack: list[tuple[int, int, list[int]]] = [(0, len(path), list(nodes))]
+        while stack:
+            lo, hi, ns = stack.pop()
+            if lo >= hi:
+                for n in ns:
+                    out[n] = lo
+                continue
+            mid = (lo + hi) // 2
+            b = blocks.get(path[mid])
+            if b is None:
+                stack.append((lo, mid, ns))
+                continue
+            holders = b.holders
+            yes: list[int] = []
+            no: list[int] = []
+            for n in ns:
+                hd = holders.get(n)
+                (yes if hd is not None and hd.tiers & mask else no).append(n)
+            if yes:
+                stack.append((mid + 1, hi, yes))
+            if no:
+                stack.append((lo, mid, no))
+        return out
+
+    def longest_prefix(
+        self, path: Sequence[BlockHash], nodes: Iterable[int], with_gpu: bool = True
+    ) -> PrefixMatch:
         """Longest cached prefix of `path` on each of `nodes` and anywhere in the cluster."""
-        per_node: dict[int, int] = {}
+        nodes = list(nodes)
+        per_node = self.prefix_lengths(path, nodes)
         gpu: dict[int, int] = {}
-        for n in nodes:
-            k = self._prefix_len(path, n, GPU | HOST)
-            per_node[n] = k
-            gpu[n] = self._prefix_len(path[:k], n, GPU) if k else 0
+        if with_gpu:
+            for n in nodes:
+                k = per_node[n]
+                gpu[n] = self._prefix_len(path[:k], n, GPU) if k else 0
         return PrefixMatch(per_node, self.cluster_prefix(path), gpu)
 
     def cluster_prefix(self, path: Sequence[BlockHash]) -> int:

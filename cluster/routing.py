@@ -81,7 +81,7 @@ def _local_only_decision(
 ) -> RouteDecision:
     """A decision for routers that only use what the node itself holds (plus the pool if async)."""
     bt = view.directory.block_tokens
-    m = view.directory.longest_prefix(req.path, [node])
+    m = view.directory.longest_prefix(req.path, [node], with_gpu=False)
     local = m.per_node[node] * bt
     fetch = max(m.cluster * bt - local, 0) if view.kv_fetch != "none" else 0
     if fetch and not view.fetch.fetches(fetch):
@@ -101,7 +101,7 @@ class PredictedTTFTRouter(_Base):
         # A node whose last report is older than max_report_age_s contributes no state (its
         # wait counts only the requests sent to it since); health checks exclude dead nodes.
         cand = nodes
-        match = d.longest_prefix(req.path, cand)
+        match = d.longest_prefix(req.path, cand, with_gpu=False)
         pool = view.kv_fetch != "none"
         cluster_tokens = match.cluster * bt
         best: tuple[float, float, int] | None = None
@@ -133,9 +133,7 @@ class PredictedTTFTRouter(_Base):
         r = view.fresh_report(node, now)
         wait = 0.0
         if r is not None:
-            wait = max(0.0, r.remaining_s - (now - r.t))
-            for q in r.queued:
-                wait += view.prefill_time(node, q.t_uc, q.t_c)
+            wait = max(0.0, r.remaining_s - (now - r.t)) + view.queued_time(node, r)
         for q in view.pending(node):
             wait += view.prefill_time(node, q.t_uc, q.t_c)
         return wait

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from cluster.core import BlockHash, Phase
 from cluster.directory import KVDirectory
-from models import FetchModel, NodeModel, RequestWork
+from models import FetchModel, NodeModel
 
 
 class QueuedWork(NamedTuple):
@@ -79,6 +79,7 @@ class ClusterState:
     sent: dict[int, dict[str, tuple[float, QueuedWork]]] = field(default_factory=dict)
     unavailable: set[int] = field(default_factory=set)  # switching or relaunching nodes
     decode_load: dict[int, int] = field(default_factory=dict)  # bound, unfinished requests
+    queue_memo: dict[int, tuple[NodeReport, float]] = field(default_factory=dict)
 
     def nodes_in(self, phase: Phase) -> list[int]:
         return sorted(n for n, p in self.phases.items() if p == phase and n not in self.unavailable)
@@ -148,6 +149,16 @@ class ClusterView:
     def pending(self, node: int) -> list[QueuedWork]:
         return self._s.pending(node)
 
+    def queued_time(self, node: int, report: NodeReport) -> float:
+        """Sum of Eq. 3 over a report's queue (memoized per report)."""
+        memo = self._s.queue_memo
+        got = memo.get(node)
+        if got is not None and got[0] is report:
+            return got[1]
+        total = sum(self.prefill_time(node, q.t_uc, q.t_c) for q in report.queued)
+        memo[node] = (report, total)
+        return total
+
     def decode_load(self, node: int) -> int:
         return self._s.decode_load.get(node, 0)
 
@@ -159,6 +170,14 @@ class ClusterView:
 
     def prefill_time(self, node: int, t_uc: float, t_c: float) -> float:
         """Eq. 3 for a request with t_uc uncached and t_c cached tokens on `node`."""
-        return self._s.models[node].prefill_request_time(
-            RequestWork(t_uc=max(t_uc, 0.0), t_c=max(t_c, 0.0))
+        m = self._s.models[node]
+        p = m.prefill
+        t_uc = max(t_uc, 0.0)
+        t_c = max(t_c, 0.0)
+        a = t_uc * t_c + t_uc * (t_uc + 1.0) / 2.0
+        return (
+            p.c0 * t_uc / m.mean_new_tokens
+            + p.c1 * t_uc
+            + p.c2 * a
+            + p.c3 * m.restore_fraction * t_c
         )

@@ -14,6 +14,8 @@ from typing import Any
 SUITES: dict[str, str] = {}
 SUITES["telemetry"] = "telemetry.bench:run"
 SUITES["fit"] = "toolkit.fit_bench:run"
+SUITES["control_plane"] = "cluster.bench:run"
+SUITES["simulator"] = "cluster.sim.bench:run"
 
 
 def register_suite(name: str, target: str) -> None:

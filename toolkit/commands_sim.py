@@ -62,11 +62,20 @@ def simulate_command(
     relaunch: float = typer.Option(
         700.0, help="Seconds a Dynamo-like relaunch keeps a node out of service"
     ),
+    partitions: int = typer.Option(
+        1, help="Hierarchical partitions (paper 000 App. D.2), simulated in parallel"
+    ),
+    processes: int | None = typer.Option(
+        None, help="Worker processes for partitions (default: CPU count)"
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object"),
 ) -> None:
     """Simulate a workload on the embedded cluster and print the run summary."""
+    from cluster.core import tune_gc
     from cluster.sim.runner import simulate
     from cluster.sim.simulator import SimConfig
+
+    tune_gc()
 
     if agents is None and arrival_rate is None:
         agents = 126
@@ -98,8 +107,26 @@ def simulate_command(
             console=console,
             transient=as_json,
         ) as bar:
-            task = bar.add_task(f"{workload} on {nodes} nodes", total=duration)
-            summary = simulate(cfg, db, run_id, progress=lambda t: bar.update(task, completed=t))
+            if partitions > 1:
+                from cluster.sim.partitions import simulate_partitioned
+
+                task = bar.add_task(
+                    f"{workload}: {partitions} partitions of {nodes // max(partitions, 1)} nodes",
+                    total=partitions,
+                )
+                summary = simulate_partitioned(
+                    cfg,
+                    partitions,
+                    db,
+                    run_id,
+                    processes=processes,
+                    on_done=lambda _r: bar.advance(task),
+                )
+            else:
+                task = bar.add_task(f"{workload} on {nodes} nodes", total=duration)
+                summary = simulate(
+                    cfg, db, run_id, progress=lambda t: bar.update(task, completed=t)
+                )
     except (ConfigError, ValueError) as err:
         console.print(f"[red]error:[/] {err}")
         raise typer.Exit(2) from None
@@ -109,7 +136,7 @@ def simulate_command(
         return
     table = Table(title=f"run {summary.get('run_id') or '(not stored)'}", show_header=False)
     for key in (
-        "workload", "initial_split", "final_split", "planner", "router", "eviction", "sim_seconds",
+        "workload", "partitions", "initial_split", "final_split", "planner", "router", "eviction", "sim_seconds",
         "wall_seconds", "speedup", "requests", "throughput_rps", "mean_ttft_s", "p95_ttft_s",
         "mean_e2e_s", "p50_e2e_s", "p95_e2e_s", "kv_hit_rate", "ideal_kv_hit_rate",
         "lost_kv_reuse", "switches", "mean_switch_time_s",

@@ -774,14 +774,13 @@ class Simulator:
             if r.t_uc - r.done_uc - take > 0
         )
         self._report(node, remaining)
-        for req, take, a, *_ in batch:
+        for req, _take, a, *_ in batch:
             req.attn_pairs += a
         self._at(now + dur, _PREFILL_END, self._prefill_end, node, batch)
 
     def _prefill_end(
         self, node: SimNode, batch: list[tuple[SimRequest, int, float, int, int]]
     ) -> None:
-        now = self.now
         node.busy = False
         finished = []
         for req, take, *_ in batch:
