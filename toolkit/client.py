@@ -229,3 +229,16 @@ def launch_server(
                     f"pdlab serve did not become healthy in {timeout_s:.0f} s:\n{server.log()[-3000:]}"
                 )
             time.sleep(0.2)
+
+
+def switchable(state: dict[str, Any]) -> list[tuple[int, str]]:
+    """(node, target phase) pairs a manual switch may take now: the node is not switching or
+    out of service, and another available node keeps serving its current phase."""
+    nodes = state["nodes"]
+    avail = [n for n in nodes if n["switching"] is None and not n["out_of_service"]]
+    out = []
+    for n in avail:
+        peers = [m for m in avail if m["phase"] == n["phase"] and m["id"] != n["id"]]
+        if peers:
+            out.append((int(n["id"]), "decode" if n["phase"] == "prefill" else "prefill"))
+    return out

@@ -163,6 +163,9 @@ def lab_command(
     nodes: int = typer.Option(9, help="Number of nodes"),
     split: str = typer.Option("4P5D", help="Initial split XPYD"),
     agents: int = typer.Option(126, help="Concurrent agents (closed loop)"),
+    window: float = typer.Option(
+        300.0, help="Planner window (simulated s; shorter than serve's so gains show sooner)"
+    ),
     open_browser: bool = typer.Option(True, "--browser/--no-browser", help="Open a browser"),
 ) -> None:
     """Start `pdlab serve` in the background and JupyterLab on the notebooks; Ctrl-C stops both."""
@@ -177,7 +180,7 @@ def lab_command(
     serve = subprocess.Popen(
         [sys.executable, "-m", "toolkit.cli", "serve", "--port", str(port), "--db", str(db),
          "--speed", str(speed), "--workload", workload, "--nodes", str(nodes),
-         "--split", split, "--agents", str(agents)],
+         "--split", split, "--agents", str(agents), "--window", str(window)],
         env=env,
     )  # fmt: skip
     lab: subprocess.Popen[bytes] | None = None

@@ -49,7 +49,7 @@ class NodeCard:
         self.button.on_click(lambda _b: on_switch(node_id))
         self.box = w.VBox(
             [self.info, self.button],
-            layout=w.Layout(border="1px solid #ccc", padding="6px", margin="2px", width="190px"),
+            layout=w.Layout(border="1px solid #ccc", padding="6px", margin="2px", width="215px"),
         )
         self.box.add_class("pdlab-node-card")
 

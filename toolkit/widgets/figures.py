@@ -17,6 +17,7 @@ PREFILL_COLOR = "#1f77b4"
 DECODE_COLOR = "#ff7f0e"
 _LAYOUT = {
     "height": 260,
+    "width": 540,
     "margin": {"l": 50, "r": 10, "t": 36, "b": 36},
     "template": "plotly_white",
 }
