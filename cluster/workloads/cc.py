@@ -51,12 +51,12 @@ def _root_tools() -> ToolMix:
         (
             # Shell commands; 8% are test suites or builds of a minute or more.
             ToolProfile(
-                "bash", 0.30, 1.5, 1.0, TokenDist(300, 1.2, 5, 20_000),
+                "bash", 0.30, 1.5, 1.0, TokenDist(600, 1.2, 5, 30_000),
                 long_share=0.08, long_median_s=100.0, long_sigma_s=0.8,
             ),
-            ToolProfile("read", 0.24, 0.15, 0.6, TokenDist(1_500, 1.1, 20, 25_000)),
+            ToolProfile("read", 0.24, 0.15, 0.6, TokenDist(3_000, 1.1, 20, 40_000)),
             ToolProfile("edit", 0.16, 0.3, 0.6, TokenDist(150, 0.6, 10, 3_000)),
-            ToolProfile("search", 0.16, 0.4, 0.7, TokenDist(400, 1.0, 10, 10_000)),
+            ToolProfile("search", 0.16, 0.4, 0.7, TokenDist(800, 1.0, 10, 15_000)),
             ToolProfile(
                 "web", 0.03, 4.0, 0.8, TokenDist(2_500, 0.7, 100, 20_000),
                 long_share=0.1, long_median_s=40.0, long_sigma_s=0.6,
@@ -93,8 +93,9 @@ class CCParams:
     task: TokenDist = field(default=TokenDist(300, 1.0, 10, 20_000))  # the user's first message
     # Root tool-loop steps per session (~190 requests per program with sub-agents and forks).
     root_turns: TokenDist = field(default=TokenDist(80, 0.7, 8, 600))
-    # Tool calls and short answers, occasionally a whole file.
-    output: TokenDist = field(default=TokenDist(180, 1.1, 8, 8_000))
+    # Tool calls and answers, occasionally a whole file (sized with the tool results so that
+    # 126 agents load 9 GB300 nodes as in paper 000: E2E + pause ~ 20-30 s per request).
+    output: TokenDist = field(default=TokenDist(360, 1.1, 8, 8_000))
     tools: ToolMix = field(default_factory=_root_tools)
     # Sub-agent bursts (Task tool): probability per root step and burst sizes; several
     # sub-agents start together, a short burst of prefill work (paper 000 §3.2).
@@ -119,7 +120,7 @@ class CCParams:
     fork_gap_s: float = 0.05
     # Compaction when the root's next context would exceed the threshold (with the token
     # distributions above this gives h* ~ 96.5%, between TraceLab's 95.7% and paper 000's 97.4%).
-    compact_threshold_tokens: int = 100_000
+    compact_threshold_tokens: int = 150_000
     compact_instruction_tokens: int = 400
     # Output of the summarization request (~1.2K tokens, i.e. a ~12 s compaction call).
     summary: TokenDist = field(default=TokenDist(1_200, 0.4, 200, 8_000))
