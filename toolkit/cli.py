@@ -7,8 +7,9 @@ import typer
 from toolkit.commands_bench import bench_command
 from toolkit.commands_collect import collect_app
 from toolkit.commands_fit import fit_command, synth_logs_command
+from toolkit.commands_report import report_command
 from toolkit.commands_serve import lab_command, serve_command
-from toolkit.commands_sim import simulate_command
+from toolkit.commands_sim import experiment_command, simulate_command
 
 app = typer.Typer(
     name="pdlab",
@@ -34,9 +35,11 @@ def version() -> None:
 
 
 app.command("simulate")(simulate_command)
+app.command("experiment")(experiment_command)
 app.command("fit")(fit_command)
 app.command("synth-logs")(synth_logs_command)
 app.command("bench")(bench_command)
+app.command("report")(report_command)
 app.command("serve")(serve_command)
 app.command("lab")(lab_command)
 app.add_typer(collect_app, name="collect")

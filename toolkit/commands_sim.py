@@ -144,3 +144,59 @@ def simulate_command(
         v = summary.get(key)
         table.add_row(key, f"{v:.4g}" if isinstance(v, float) else str(v))
     Console().print(table)
+
+
+def experiment_command(
+    name: str = typer.Argument(..., help="eviction | routing | splits | planner | shift"),
+    quick: bool = typer.Option(
+        False, help="Shorter runs (minutes instead of an hour of simulated time)"
+    ),
+    processes: int = typer.Option(2, help="Worker processes"),
+    as_json: bool = typer.Option(False, "--json", help="Print rows and verdict as one JSON object"),
+) -> None:
+    """Reproduce one of paper 000's qualitative results on the simulator (issue #4)."""
+    from cluster.core import tune_gc
+    from cluster.sim.experiments import configs, run_experiment
+
+    tune_gc()
+    try:
+        total = len(configs(name, quick))
+    except ConfigError as err:
+        console.print(f"[red]error:[/] {err}")
+        raise typer.Exit(2) from None
+    with Progress(
+        TextColumn(f"[bold]{name}[/]"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} runs"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=as_json,
+    ) as bar:
+        task = bar.add_task(name, total=total)
+        result = run_experiment(name, quick, processes, on_row=lambda _r: bar.advance(task))
+    result = _clean(result)
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    table = Table(title=f"experiment {name}")
+    cols = (
+        "workload",
+        "initial_split",
+        "final_split",
+        "planner",
+        "router",
+        "eviction",
+        "kv_fetch",
+        "throughput_rps",
+        "mean_ttft_s",
+        "p95_ttft_s",
+        "mean_e2e_s",
+        "lost_kv_reuse",
+        "switches",
+    )
+    for c in cols:
+        table.add_column(c)
+    for r in result["rows"]:
+        table.add_row(*[f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for c in cols])
+    Console().print(table)
+    Console().print_json(data=result["verdict"])
