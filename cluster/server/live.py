@@ -67,6 +67,7 @@ class LiveConfig:
 
     speed: float = 10.0  # simulated seconds per wall second
     tick_s: float = 0.05  # wall time between pacing steps
+    max_step_wall_s: float = 0.25  # simulated work per step: at most this many wall-s of pacing
     flush_every_s: float = 2.0  # telemetry segments become visible to readers this often
     sample_every_s: float = 1.0  # timeline samples for the dashboard plots
     latency_window_sim_s: float = 120.0  # rolling window of the TTFT/E2E figures
@@ -76,8 +77,10 @@ class LiveConfig:
     def validate(self) -> None:
         if not (math.isfinite(self.speed) and 0 < self.speed <= 100_000):
             raise ConfigError(f"--speed must be in (0, 100000] sim-s per wall-s, got {self.speed}")
-        if self.tick_s <= 0 or self.flush_every_s <= 0 or self.sample_every_s <= 0:
-            raise ConfigError("tick_s, flush_every_s and sample_every_s must be > 0")
+        if min(self.tick_s, self.max_step_wall_s, self.flush_every_s, self.sample_every_s) <= 0:
+            raise ConfigError(
+                "tick_s, max_step_wall_s, flush_every_s and sample_every_s must be > 0"
+            )
         if self.latency_window_sim_s <= 0:
             raise ConfigError(f"latency window must be > 0, got {self.latency_window_sim_s}")
         if self.planner_mode not in PLANNER_MODES:
@@ -164,6 +167,7 @@ class LiveCluster:
         self.error: str | None = None
         self.summary: dict[str, Any] | None = None
         self.wall_started: float | None = None
+        self.lag_s = 0.0  # simulated seconds behind the wall-clock pace (a slow simulator)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.RLock()  # replaced by the control plane's lock at start
@@ -234,8 +238,12 @@ class LiveCluster:
             while not self._stop.wait(cfg.tick_s):
                 wall = time.monotonic()
                 with self.lock:
+                    target = sim0 + cfg.speed * (wall - wall0)
                     if not self.finished:
-                        sim.step_until(sim0 + cfg.speed * (wall - wall0))
+                        # At most `max_step_wall_s` of simulated work per lock hold, so REST
+                        # calls wait little even when the simulator falls behind the clock.
+                        sim.step_until(min(target, sim.now + cfg.speed * cfg.max_step_wall_s))
+                    self.lag_s = max(0.0, min(target, self.sim_config.duration_s) - sim.now)
                     self.latency.update(sim.requests, sim.now)
                     if wall >= next_sample:
                         self._sample()
@@ -289,6 +297,7 @@ class LiveCluster:
                 "time": sim.now if sim is not None else 0.0,
                 "duration_s": self.sim_config.duration_s,
                 "speed": self.live.speed,
+                "lag_s": self.lag_s,
                 "finished": self.finished,
             }
 

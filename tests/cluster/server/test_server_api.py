@@ -53,6 +53,7 @@ def settled(http: httpx.Client) -> dict[str, Any]:
 def test_health_and_cluster_state_advance_with_wall_time(http: httpx.Client) -> None:
     h = http.get("/v1/health").json()
     assert h["status"] == "ok" and h["run_id"].startswith("run-") and h["speed"] == 40.0
+    assert h["lag_s"] >= 0.0 and h["db"].endswith("live.duckdb") and not h["finished"]
     first = cluster(http)
     assert first["split"]["prefill"] + first["split"]["decode"] == 4
     assert [n["id"] for n in first["nodes"]] == [0, 1, 2, 3]
