@@ -68,9 +68,17 @@ def simulate_command(
     processes: int | None = typer.Option(
         None, help="Worker processes for partitions (default: CPU count)"
     ),
+    fit: bool = typer.Option(
+        False, "--fit", help="Then fit each node's iteration-time models from the run (needs --db)"
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object"),
 ) -> None:
     """Simulate a workload on the embedded cluster and print the run summary."""
+    if fit and db is None:
+        console.print(
+            "[red]error:[/] --fit needs --db (the models are fitted from the stored iteration logs)"
+        )
+        raise typer.Exit(2)
     from cluster.core import tune_gc
     from cluster.sim.runner import simulate
     from cluster.sim.simulator import SimConfig
@@ -131,7 +139,18 @@ def simulate_command(
         console.print(f"[red]error:[/] {err}")
         raise typer.Exit(2) from None
     summary = _clean(summary)
+    fits = None
+    if fit and db is not None:
+        from toolkit.commands_fit import _print_table
+        from toolkit.fitting import fit_run, save_fits, to_json
+
+        runs = summary.get("partition_runs") or [summary["run_id"]]
+        fits = [(fit_run(db, r), r) for r in runs]
+        for result, _ in fits:
+            save_fits(db, result)
     if as_json:
+        if fits is not None:
+            summary["fits"] = [to_json(f) for f, _ in fits]
         typer.echo(json.dumps(summary))
         return
     table = Table(title=f"run {summary.get('run_id') or '(not stored)'}", show_header=False)
@@ -144,6 +163,8 @@ def simulate_command(
         v = summary.get(key)
         table.add_row(key, f"{v:.4g}" if isinstance(v, float) else str(v))
     Console().print(table)
+    for result, _ in fits or ():
+        _print_table(result, None)
 
 
 def experiment_command(
