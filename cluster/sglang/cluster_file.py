@@ -1,4 +1,4 @@
-"""Engines of a live SGLang cluster: discovery from /server_info and a JSON cluster file (SPEC §6).
+"""Engines of a live SGLang cluster: discovery from /server_info and the cluster file (SPEC §6).
 
 SGLang 0.5.23 advertises its KV event publisher under `/server_info`'s `kv_events` key
 (`runtime_context.describe_kv_events_publisher`): {publisher, endpoint_host,
@@ -6,16 +6,21 @@ endpoint_port_base, topic, block_size, dp_size, replay_endpoint_port_base?, ...}
 listens on port base + r, and a wildcard endpoint_host ("*", "0.0.0.0", "::") must be
 replaced by the worker URL's host. Forward-pass metrics are bound on
 `{forward_pass_metrics_ipc_name}.{dp_rank}` (IPC, same host only). `discover_engine` turns
-that into an `EngineSpec`; a cluster file is a JSON list of them, the input of the live
-control plane (phase 2) and of `pdlab collect --server`.
+that into an `EngineSpec`. `pdlab collect --server` reads one engine; the live control plane
+(`pdlab serve --sglang CLUSTER_FILE`) reads a cluster file: TOML (or JSON) with a `[cluster]`
+table of `ClusterSettings` and one `[[engines]]` table per engine (`EngineSpec` fields; at
+least node_id and http_url, the rest is discovered through /server_info unless given). A
+JSON list of engines (`save_cluster_file`) is also a cluster file with default settings.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+import math
+import tomllib
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import httpx
@@ -39,10 +44,21 @@ class EngineSpec:
     block_size: int | None = None
     forward_metrics: str | None = None
     bootstrap_port: int | None = None
+    # Live-cluster fields (the cluster file; discovery fills the last three).
+    bootstrap_host: str | None = None  # default: the host of http_url
+    relaunch_command: str | None = None  # overrides [cluster] relaunch_command
+    decode_cuda_graph_memory_gb: float | None = None  # first flip to decode (SGLang check)
+    chunk_tokens: int | None = None  # chunked_prefill_size
+    kv_capacity_tokens: int | None = None  # max_total_num_tokens
+    enable_pd_role_switch: bool | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.node_id, bool) or not isinstance(self.node_id, int):
+            raise ConfigError(f"node_id must be an integer, got {self.node_id!r}")
         if self.node_id < 0:
             raise ConfigError(f"node_id must be >= 0, got {self.node_id}")
+        if not isinstance(self.http_url, str):
+            raise ConfigError(f"http_url must be a string, got {self.http_url!r}")
         if not self.http_url.startswith(("http://", "https://")):
             raise ConfigError(
                 f"http_url must start with http:// or https://, got {self.http_url!r}"
@@ -84,7 +100,16 @@ def spec_from_server_info(
         block_size=block_size,
         forward_metrics=fpm,
         bootstrap_port=info.get("disaggregation_bootstrap_port") if mode == "prefill" else None,
+        chunk_tokens=_opt_int(info.get("chunked_prefill_size")),
+        kv_capacity_tokens=_opt_int(info.get("max_total_num_tokens")),
+        enable_pd_role_switch=(
+            bool(info["enable_pd_role_switch"]) if "enable_pd_role_switch" in info else None
+        ),
     )
+
+
+def _opt_int(v: Any) -> int | None:
+    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) and v > 0 else None
 
 
 def discover_engine(
@@ -108,6 +133,9 @@ def save_cluster_file(path: str | Path, engines: list[EngineSpec]) -> None:
 
 
 def load_cluster_file(path: str | Path) -> list[EngineSpec]:
+    """The engines of a JSON list file (or of a TOML cluster file, see `load_cluster_config`)."""
+    if Path(path).suffix.lower() == ".toml":
+        return list(load_cluster_config(path).engines)
     try:
         raw = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as e:
@@ -130,3 +158,224 @@ def load_cluster_file(path: str | Path) -> list[EngineSpec]:
     if len(set(ids)) != len(ids):
         raise ConfigError(f"cluster file {path}: node ids must be unique, got {ids}")
     return engines
+
+
+# --- the live cluster file (TOML / JSON) ---------------------------------------------------
+
+Tokenizer = str  # "engine" | "toy" | "none" | "hf:<name or path>"
+KVFetch = Literal["none", "async", "sync"]
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSettings:
+    """The `[cluster]` table: control-plane policies and the data plane's behaviour.
+
+    `block_tokens` defaults to the engines' page size (their KV events' block_size); the
+    directory and request paths must use the engines' page size to match. `kv_fetch` is
+    "none" by default: SGLang engines do not read each other's KV unless a shared HiCache
+    storage backend is configured ("async" then lets the router credit remote prefixes).
+    `profile` gives the iteration-time models the router and planner use until fits replace
+    them (a preset of `cluster.sim.profiles` or a `pdlab fit --json` file).
+    """
+
+    block_tokens: int | None = None
+    tokenizer: Tokenizer = "engine"
+    router: str = "ttft"
+    decode_binder: str = "fewest"
+    planner: str = "static"
+    planner_mode: str = "advise"
+    window_s: float = 600.0
+    slices: int = 10
+    kv_fetch: KVFetch = "none"
+    copy_price_s_per_token: float = 0.0
+    profile: str = "h200"
+    hardware: str = "unknown"
+    moe_top_k: int = 0
+    moe_experts: int = 0  # 0 = dense model (phi = 0)
+    t_acc: float = 1.0  # accepted tokens per decode iteration (speculative decoding)
+    discover: bool = True
+    catch_up: bool = True  # replay each KV publisher's buffer when the collector joins
+    api_key: str | None = None  # engines started with --api-key
+    health_interval_s: float = 1.0
+    health_failures: int = 2  # consecutive failed checks before a node is marked down
+    connect_timeout_s: float = 5.0
+    request_timeout_s: float = 600.0
+    max_retries: int = 2  # extra attempts on another engine before the first token
+    drain_timeout_s: float = 300.0
+    switch_timeout_s: float = 120.0  # waiting for /pd_role_switch and the verification
+    relaunch_command: str | None = None
+    relaunch_timeout_s: float = 600.0
+    decode_cuda_graph_memory_gb: float | None = None
+    flush_every_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        for name in (
+            "window_s",
+            "health_interval_s",
+            "connect_timeout_s",
+            "request_timeout_s",
+            "drain_timeout_s",
+            "switch_timeout_s",
+            "relaunch_timeout_s",
+            "flush_every_s",
+        ):
+            v = getattr(self, name)
+            if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
+                raise ConfigError(f"[cluster] {name} must be a number > 0, got {v!r}")
+        if self.block_tokens is not None and (
+            not isinstance(self.block_tokens, int) or self.block_tokens <= 0
+        ):
+            raise ConfigError(
+                f"[cluster] block_tokens must be an integer > 0, got {self.block_tokens!r}"
+            )
+        if self.kv_fetch not in ("none", "async", "sync"):
+            raise ConfigError(
+                f"[cluster] kv_fetch must be none, async or sync, got {self.kv_fetch!r}"
+            )
+        if self.planner_mode not in ("auto", "advise", "off"):
+            raise ConfigError(
+                f"[cluster] planner_mode must be auto, advise or off, got {self.planner_mode!r}"
+            )
+        tok = self.tokenizer
+        if tok not in ("engine", "toy", "none") and not (tok.startswith("hf:") and len(tok) > 3):
+            raise ConfigError(
+                f"[cluster] tokenizer must be engine, toy, none or hf:<model name or path>, "
+                f"got {tok!r}"
+            )
+        if self.max_retries < 0 or self.health_failures < 1 or self.slices < 2:
+            raise ConfigError(
+                "[cluster] max_retries must be >= 0, health_failures >= 1 and slices >= 2"
+            )
+        if self.moe_experts < 0 or (
+            self.moe_experts > 0 and not 0 < self.moe_top_k <= self.moe_experts
+        ):
+            raise ConfigError(
+                f"[cluster] need 1 <= moe_top_k <= moe_experts, or moe_experts = 0 (dense); "
+                f"got moe_top_k={self.moe_top_k}, moe_experts={self.moe_experts}"
+            )
+        if not self.t_acc > 0:
+            raise ConfigError(f"[cluster] t_acc must be > 0, got {self.t_acc}")
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """A parsed cluster file: settings and engines (possibly not yet discovered)."""
+
+    engines: tuple[EngineSpec, ...]
+    settings: ClusterSettings = field(default_factory=ClusterSettings)
+    source: str = ""
+
+    def discovered(self, timeout_s: float = 10.0) -> ClusterConfig:
+        """Fill each engine's missing fields from its /server_info (given fields win).
+
+        With `[cluster] discover = false` the engines are used as written. Every engine of a
+        live PD cluster must end up with role prefill or decode.
+        """
+        engines = []
+        for e in self.engines:
+            if self.settings.discover:
+                found = discover_engine(e.http_url, e.node_id, timeout_s=timeout_s)
+                if (
+                    e.role != "null"
+                    and found.role in ("prefill", "decode")
+                    and e.role != found.role
+                ):
+                    raise ConfigError(
+                        f"engine {e.node_id} ({e.http_url}) serves {found.role} but the cluster "
+                        f"file says {e.role}; drop role from the file or fix it"
+                    )
+                e = merge_discovered(e, found)
+            if e.role not in ("prefill", "decode"):
+                raise ConfigError(
+                    f"engine {e.node_id} ({e.http_url}) has role {e.role!r}; a PD cluster needs "
+                    "prefill or decode (start SGLang with --disaggregation-mode, or set role)"
+                )
+            engines.append(e)
+        return replace(self, engines=tuple(engines))
+
+
+def merge_discovered(given: EngineSpec, found: EngineSpec) -> EngineSpec:
+    """`given` with every field it leaves at its default taken from `found`."""
+    defaults = EngineSpec(node_id=given.node_id, http_url=given.http_url)
+    out = {}
+    for f in fields(EngineSpec):
+        mine = getattr(given, f.name)
+        out[f.name] = getattr(found, f.name) if mine == getattr(defaults, f.name) else mine
+    out["http_url"] = given.http_url.rstrip("/")
+    return EngineSpec(**out)
+
+
+def _settings(raw: Any, where: str) -> ClusterSettings:
+    if raw is None:
+        return ClusterSettings()
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: [cluster] must be a table of settings")
+    known = {f.name for f in fields(ClusterSettings)}
+    unknown = set(raw) - known
+    if unknown:
+        raise ConfigError(
+            f"{where}: [cluster] has unknown settings {sorted(unknown)}; "
+            f"allowed: {', '.join(sorted(known))}"
+        )
+    try:
+        return ClusterSettings(**raw)
+    except TypeError as e:
+        raise ConfigError(f"{where}: [cluster] {e}") from None
+
+
+def _engines(raw: Any, where: str) -> tuple[EngineSpec, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(f"{where}: needs at least one [[engines]] entry")
+    known = {f.name for f in fields(EngineSpec)}
+    out = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict) or "node_id" not in item or "http_url" not in item:
+            raise ConfigError(f"{where}: engine {i} needs node_id and http_url")
+        unknown = set(item) - known
+        if unknown:
+            raise ConfigError(
+                f"{where}: engine {i} has unknown fields {sorted(unknown)}; "
+                f"allowed: {', '.join(sorted(known))}"
+            )
+        if "role" in item and item["role"] not in ("prefill", "decode", "null"):
+            raise ConfigError(
+                f"{where}: engine {i} role must be prefill or decode, got {item['role']!r}"
+            )
+        out.append(EngineSpec(**item))
+    ids = [e.node_id for e in out]
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"{where}: node ids must be unique, got {ids}")
+    return tuple(out)
+
+
+def load_cluster_config(path: str | Path) -> ClusterConfig:
+    """Parse a cluster file: TOML (`[cluster]` + `[[engines]]`) or JSON (the same as an
+    object, or a plain list of engines). Engines are not contacted (see `discovered`)."""
+    p = Path(path)
+    where = f"cluster file {p}"
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read {where}: {e}") from None
+    if p.suffix.lower() == ".toml":
+        try:
+            doc: Any = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{where} is not valid TOML: {e}") from None
+    else:
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{where} is not valid JSON: {e}") from None
+        if isinstance(doc, list):
+            doc = {"engines": doc}
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{where} must hold [cluster] settings and [[engines]]")
+    unknown = set(doc) - {"cluster", "engines"}
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown top-level keys {sorted(unknown)}; allowed: cluster, engines"
+        )
+    return ClusterConfig(
+        _engines(doc.get("engines"), where), _settings(doc.get("cluster"), where), str(p)
+    )

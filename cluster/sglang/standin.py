@@ -3,7 +3,7 @@
 It lets pdlab's live-cluster code (collectors, router, role switch, `pdlab serve --sglang`)
 be developed and tested without GPUs. It serves SGLang's HTTP API with FastAPI + uvicorn —
 /health, /health_generate, /server_info, /model_info, /get_model_info, /generate,
-/v1/completions, /v1/chat/completions, /flush_cache, /pd_role_switch — with SGLang's
+/v1/completions, /v1/chat/completions, /v1/tokenize, /flush_cache, /pd_role_switch — with SGLang's
 request fields, response shapes and error messages; publishes KV events and forward-pass
 metrics over ZMQ in SGLang's wire format (with the replay ROUTER); and runs PD
 disaggregation (prefill/decode/null) with the bootstrap protocol (`cluster.sglang.bootstrap`).
@@ -13,6 +13,8 @@ stop strings, logprobs, batch (list) inputs, LoRA, multimodal, host-memory (HiCa
 RDMA (the decode side fetches a finished room from the prefill's bootstrap server). Role
 switch mirrors SGLang's checks, including the decode-CUDA-graph headroom required on the
 first flip to decode (`free_gpu_memory_gb` stands for the free device memory).
+One stand-in-only route, GET /standin/requests, lists the generation requests received
+(rid, route, role, bootstrap fields) so tests can check what a router sent.
 
     engine = StandinEngine("prefill", enable_pd_role_switch=True)
     urls = engine.start()            # StandinEndpoints(http_url, kv_events, kv_replay, ...)
@@ -33,6 +35,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -141,6 +144,8 @@ class StandinEngine:
         self._bootstrap: _Uvicorn | None = None
         self._inflight = 0
         self._inflight_lock = threading.Lock()
+        # What generation requests carried (introspection for router tests): bounded.
+        self.received: deque[dict[str, Any]] = deque(maxlen=10_000)
         self._started_at = 0.0
         self.endpoints: StandinEndpoints | None = None
 
@@ -293,6 +298,19 @@ class StandinEngine:
         assert self.scheduler is not None
         room = body.get("bootstrap_room")
         role = self.scheduler.role
+        if not rid.startswith("HEALTH_CHECK_"):
+            self.received.append(
+                {
+                    "rid": rid,
+                    "role": role,
+                    "route": body.get("_standin_route", "/generate"),
+                    "num_input_tokens": len(input_ids),
+                    "bootstrap_host": body.get("bootstrap_host"),
+                    "bootstrap_port": body.get("bootstrap_port"),
+                    "bootstrap_room": room,
+                    "t": time.time(),
+                }
+            )
         if role != "null" and room is None:
             msg = (
                 "Invalid request: Disaggregated request received without bootstrap room id. "
@@ -394,6 +412,37 @@ class StandinEngine:
         app.get("/model_info")(model_info)
         app.get("/get_model_info")(model_info)
 
+        async def tokenize(request: Request) -> JSONResponse:
+            # SGLang's /v1/tokenize (TokenizeRequest -> TokenizeResponse): a prompt string,
+            # a list of them, or chat messages rendered with the chat template.
+            body = await request.json()
+            prompt, messages = body.get("prompt"), body.get("messages")
+            if messages is not None:
+                if not isinstance(messages, list) or not messages:
+                    return _openai_error("messages must be a non-empty list")
+                tokens: Any = toy_tokenizer.encode(toy_tokenizer.chat_template(messages))
+                count: Any = len(tokens)
+            elif isinstance(prompt, str):
+                tokens = toy_tokenizer.encode(prompt)
+                count = len(tokens)
+            elif isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+                tokens = [toy_tokenizer.encode(p) for p in prompt]
+                count = [len(t) for t in tokens]
+            else:
+                return _openai_error(
+                    f"Invalid prompt type: {type(prompt)}. Expected str or List[str]."
+                )
+            max_len = engine.config.capacity_pages * engine.config.page_size
+            return JSONResponse({"tokens": tokens, "count": count, "max_model_len": max_len})
+
+        app.post("/v1/tokenize")(tokenize)
+        app.post("/tokenize")(tokenize)
+
+        @app.get("/standin/requests")
+        async def standin_requests(limit: int = 1000) -> dict[str, Any]:
+            items = list(engine.received)
+            return {"requests": items[-limit:] if limit > 0 else []}
+
         @app.api_route("/flush_cache", methods=["GET", "POST"])
         async def flush_cache() -> Response:
             assert engine.scheduler is not None
@@ -444,6 +493,7 @@ class StandinEngine:
             else:
                 return _openai_error("prompt must be a non-empty string or a list of token ids")
             max_new = int(body.get("max_tokens") or 16)
+            body["_standin_route"] = "/v1/completions"
             return await engine._respond_openai(ids, max_new, body, chat=False)
 
         @app.post("/v1/chat/completions")
@@ -454,6 +504,7 @@ class StandinEngine:
                 return _openai_error("messages must be a non-empty list")
             ids = toy_tokenizer.encode(toy_tokenizer.chat_template(messages))
             max_new = int(body.get("max_completion_tokens") or body.get("max_tokens") or 128)
+            body["_standin_route"] = "/v1/chat/completions"
             return await engine._respond_openai(ids, max_new, body, chat=True)
 
         return app

@@ -92,3 +92,108 @@ def load_sglang_modules(
 def sglang_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, types.ModuleType]:
     """SGLang 0.5.23's kv_events, network and forward_pass_metrics modules, from its wheel."""
     return load_sglang_modules(tmp_path, monkeypatch)
+
+
+# --- live clusters on loopback (proxy, end-to-end, role-switch and fault tests) --------------
+
+TOKEN = "test-token"
+
+
+class LiveHarness:
+    """Stand-in engines, an `SGLangCluster` over them and its app served on loopback."""
+
+    def __init__(self, engines: list, cluster: object, server: object, db: Path | None) -> None:
+        self.engines = engines
+        self.cluster = cluster
+        self.server = server
+        self.db = db
+        self.url: str = server.url  # type: ignore[attr-defined]
+        self.auth = {"Authorization": f"Bearer {TOKEN}"}
+        self.closed = False
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.server.stop()  # type: ignore[attr-defined]  # stops the cluster, closes the run
+        import threading
+
+        stops = [threading.Thread(target=e.stop) for e in self.engines if e is not None]
+        for t in stops:
+            t.start()
+        for t in stops:
+            t.join(10.0)
+
+
+@pytest.fixture
+def live_cluster(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """Factory: `make(roles, **settings)` -> LiveHarness; everything is stopped at teardown.
+
+    `engines` replaces the stand-ins (already started objects with `.endpoints`); `extra`
+    adds engine specs (e.g. of subprocess stand-ins); `standin` passes StandinEngine kwargs.
+    """
+    from cluster.sglang.backend import ServerThread, SGLangCluster, create_sglang_app
+    from cluster.sglang.cluster_file import ClusterConfig, ClusterSettings, EngineSpec
+    from cluster.sglang.standin import StandinEngine
+
+    made: list[LiveHarness] = []
+
+    def make(
+        roles: tuple[str, ...] = ("prefill", "prefill", "decode"),
+        *,
+        engines: list | None = None,
+        extra: tuple = (),
+        standin: dict | None = None,
+        db: bool = True,
+        **settings: object,
+    ) -> LiveHarness:
+        if engines is None:
+            kw = {"enable_pd_role_switch": True} | (standin or {})
+            engines = [StandinEngine(r, **kw) for r in roles]  # type: ignore[arg-type]
+            for e in engines:
+                e.start()
+        specs = [
+            EngineSpec(node_id=i, http_url=e.endpoints.http_url) for i, e in enumerate(engines)
+        ]
+        specs += list(extra)
+        base = {
+            "tokenizer": "engine",
+            "moe_top_k": 8,
+            "moe_experts": 64,
+            "health_interval_s": 0.2,
+            "decode_cuda_graph_memory_gb": 1.0,
+        }
+        cfg = ClusterConfig(tuple(specs), ClusterSettings(**(base | settings)))  # type: ignore[arg-type]
+        path = tmp_path / f"live{len(made)}.duckdb" if db else None
+        cluster = SGLangCluster(cfg, db_path=path)
+        server = ServerThread(create_sglang_app(cluster, TOKEN))
+        try:
+            server.start()
+        except BaseException:
+            for e in engines:
+                e.stop()
+            raise
+        h = LiveHarness(engines, cluster, server, path)
+        made.append(h)
+        return h
+
+    yield make
+    for h in reversed(made):
+        h.close()
+
+
+def wait_until(pred, timeout_s: float = 10.0, every_s: float = 0.02) -> bool:  # type: ignore[no-untyped-def]
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(every_s)
+    return bool(pred())
+
+
+@pytest.fixture
+def until():  # type: ignore[no-untyped-def]
+    """`until(pred, timeout_s)`: poll a condition (tests of live, threaded components)."""
+    return wait_until
