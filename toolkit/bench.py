@@ -16,6 +16,7 @@ SUITES["telemetry"] = "telemetry.bench:run"
 SUITES["fit"] = "toolkit.fit_bench:run"
 SUITES["control_plane"] = "cluster.bench:run"
 SUITES["simulator"] = "cluster.sim.bench:run"
+SUITES["plots"] = "toolkit.plots.bench:run"
 
 
 def register_suite(name: str, target: str) -> None:

@@ -1,0 +1,54 @@
+"""Figure library over pdlab telemetry (SPEC §7 figures; paper 000 Fig. 4, Fig. 5).
+
+Every function takes `(db_or_reader, run_id=None, **options)` — a DuckDB path or a
+`telemetry.TelemetryReader` (which also reads runs still being written) — and returns a
+`plotly.graph_objects.Figure` with titled axes and units. Large tables are reduced in DuckDB
+(bins, hash samples) before plotting; a table without rows gives a figure that says so.
+`FIGURES` maps a short name to each function, in the order `pdlab report` shows them.
+"""
+
+from collections.abc import Callable
+
+import plotly.graph_objects as go
+
+from toolkit.plots.branches import branch_count_tree, branch_counts_over_time
+from toolkit.plots.common import is_empty, no_data
+from toolkit.plots.eviction import eviction_timeline
+from toolkit.plots.fits import decode_fit, prefill_fit
+from toolkit.plots.latency import latency_distributions
+from toolkit.plots.load import node_load
+from toolkit.plots.phi import phi_curve
+from toolkit.plots.planner import planner_gains
+from toolkit.plots.reuse import lost_kv_reuse
+from toolkit.plots.split import pd_split
+
+FIGURES: dict[str, Callable[..., go.Figure]] = {
+    "split": pd_split,
+    "latency": latency_distributions,
+    "reuse": lost_kv_reuse,
+    "load": node_load,
+    "planner": planner_gains,
+    "prefill_fit": prefill_fit,
+    "decode_fit": decode_fit,
+    "phi": phi_curve,
+    "eviction": eviction_timeline,
+    "counts": branch_counts_over_time,
+    "count_tree": branch_count_tree,
+}
+
+__all__ = [
+    "FIGURES",
+    "branch_count_tree",
+    "branch_counts_over_time",
+    "decode_fit",
+    "eviction_timeline",
+    "is_empty",
+    "latency_distributions",
+    "lost_kv_reuse",
+    "no_data",
+    "node_load",
+    "pd_split",
+    "phi_curve",
+    "planner_gains",
+    "prefill_fit",
+]
