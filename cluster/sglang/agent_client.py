@@ -80,18 +80,23 @@ class _ProgramRun:
         self.last_of_branch: dict[str, int] = {}
         self.done = {i: asyncio.Event() for i in range(len(program.turns))}
 
+    def _extended(self, j: int) -> list[list[int]]:
+        """Turn j's context plus its output (a segment only if the turn has output tokens,
+        as in `ProgramBuilder.extended`, so compact_keep counts the same pieces)."""
+        out = [self.outputs[j]] if self.program.turns[j].output_tokens > 0 else []
+        return [*self.inputs[j], *out]
+
     def context(self, i: int, turn: Turn) -> list[list[int]]:
         append = [self.tokens.segment(s) for s in turn.append]
         if turn.kind in ("start", "subagent"):
             return append
         if turn.kind == "fork":
             assert turn.parent_turn is not None
-            p = turn.parent_turn
-            return [*self.inputs[p], self.outputs[p], *append]
+            return [*self._extended(turn.parent_turn), *append]
         prev = self.last_of_branch[turn.branch_id]
         if turn.kind == "compact":
             return [*self.inputs[prev][: turn.compact_keep], *append]
-        return [*self.inputs[prev], self.outputs[prev], *append]
+        return [*self._extended(prev), *append]
 
 
 async def play_program(

@@ -69,7 +69,9 @@ class _Uvicorn:
     """A uvicorn server on a pre-bound loopback socket, run on its own thread."""
 
     def __init__(self, app: FastAPI, host: str, port: int) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say TCP,
+        # and without it every keep-alive response waits ~40 ms for a delayed ACK.
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
         self.port = self.sock.getsockname()[1]
@@ -146,6 +148,7 @@ class StandinEngine:
         self._inflight_lock = threading.Lock()
         # What generation requests carried (introspection for router tests): bounded.
         self.received: deque[dict[str, Any]] = deque(maxlen=10_000)
+        self._client: httpx.AsyncClient | None = None  # used on the HTTP server's loop only
         self._started_at = 0.0
         self.endpoints: StandinEndpoints | None = None
 
@@ -321,14 +324,13 @@ class StandinEngine:
         first_token = None
         if role == "decode":
             try:
-                async with httpx.AsyncClient() as client:
-                    res = await wait_for_prefill(
-                        client,
-                        str(body.get("bootstrap_host") or "127.0.0.1"),
-                        int(body.get("bootstrap_port") or 8998),
-                        int(room),  # type: ignore[arg-type]
-                        self.transfer_timeout_s,
-                    )
+                res = await wait_for_prefill(
+                    self._bootstrap_client(),
+                    str(body.get("bootstrap_host") or "127.0.0.1"),
+                    int(body.get("bootstrap_port") or 8998),
+                    int(room),  # type: ignore[arg-type]
+                    self.transfer_timeout_s,
+                )
             except (httpx.HTTPError, RuntimeError, TimeoutError) as e:
                 yield [], {"type": "abort", "message": str(e), "status_code": 500}, 0
                 return
@@ -354,6 +356,12 @@ class StandinEngine:
             yield ids, fin, req.cached_tokens
             if fin is not None:
                 return
+
+    def _bootstrap_client(self) -> httpx.AsyncClient:
+        """One client for the decode side's bootstrap calls (building one costs ~40 ms)."""
+        if self._client is None or self._client.is_closed:
+            self._client = httpx.AsyncClient()
+        return self._client
 
     def _track(self, delta: int) -> None:
         with self._inflight_lock:
