@@ -31,7 +31,7 @@ NAMES = sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
 def small_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     db = tmp_path_factory.mktemp("nbrun") / "small.duckdb"
     cfg = SimConfig(
-        workload="cc", nodes=4, split="2P2D", agents=24, duration_s=900, warmup_s=300,
+        workload="cc", nodes=4, split="2P2D", agents=24, duration_s=600, warmup_s=200,
         window_s=120, slices=6, l2_tokens=1_000_000,
     )  # fmt: skip
     simulate(cfg, db)
