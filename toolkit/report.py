@@ -133,6 +133,7 @@ body { font-family: system-ui, -apple-system, Segoe UI, Roboto, sans-serif; marg
        max-width: 1320px; color: #222; }
 h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 17px; margin: 28px 0 6px; }
 .meta { color: #666; font-size: 13px; }
+.tables { display: flex; gap: 48px; align-items: flex-start; }
 table.summary { border-collapse: collapse; font-size: 13px; }
 table.summary td { padding: 3px 12px; border-bottom: 1px solid #eee; }
 table.summary td.k { color: #555; font-family: ui-monospace, monospace; }
@@ -192,9 +193,18 @@ def build_report(
             f'<section class="figure" id="{name}"><h2>{html.escape(title)}</h2>'
             f"{_figure_html(name, fig)}</section>"
         )
-    rows = "".join(
-        f'<tr><td class="k">{html.escape(k)}</td><td>{_cell(k, v)}</td></tr>'
-        for k, v in summary.items()
+    # Two tables side by side: what ran, and what it measured.
+    setup = ("run_id", "source", "workload", "nodes", "initial_split", "planner", "router")
+    setup += ("eviction", "profile", "seed", "sim_seconds", "warmup_seconds", "measured_seconds")
+    tables = "".join(
+        '<table class="summary">'
+        + "".join(
+            f'<tr><td class="k">{html.escape(k)}</td><td>{_cell(k, v)}</td></tr>'
+            for k, v in summary.items()
+            if (k in setup) == first
+        )
+        + "</table>"
+        for first in (True, False)
     )
     nav = "".join(f'<a href="#{n}">{html.escape(titles[n])}</a>' for n in names)
     generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
@@ -209,7 +219,7 @@ def build_report(
 <h1>pdlab report · run {html.escape(rid)}</h1>
 <p class="meta">database {html.escape(label)} · generated {generated}</p>
 <h2>Summary</h2>
-<table class="summary">{rows}</table>
+<div class="tables">{tables}</div>
 <p class="meta">Latency and KV metrics over finished requests that arrived after the warmup;
 throughput over requests finished after it.</p>
 <nav>{nav}</nav>

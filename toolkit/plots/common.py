@@ -17,7 +17,6 @@ import math
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -234,7 +233,7 @@ def is_empty(fig: go.Figure) -> bool:
 
 
 def hash_sample(
-    run: Run, table: str, keys: str, per_group: dict[int, int], group_col: str, limit: int
+    keys: str, per_group: dict[int, int], group_col: str, limit: int
 ) -> tuple[str, list[Any]]:
     """A WHERE fragment keeping about `limit` rows per group, chosen by a hash of `keys`.
 
@@ -264,31 +263,6 @@ def time_bin_width(t_end: float, bins: int) -> float:
         if m * 10**exp >= raw:
             return m * 10**exp
     return 10.0 ** (exp + 1)  # pragma: no cover
-
-
-def vline_warmup(fig: go.Figure, run: Run, row: int | None = None, col: int | None = None) -> None:
-    """Shade the collocated warmup (excluded from the run's summary metrics)."""
-    w = run.warmup_s()
-    if w <= 0:
-        return
-    kw: dict[str, Any] = {} if row is None else {"row": row, "col": col}
-    fig.add_vrect(
-        x0=0,
-        x1=w,
-        fillcolor="#999",
-        opacity=0.12,
-        line_width=0,
-        annotation_text="warmup",
-        annotation_position="top left",
-        annotation_font_size=10,
-        **kw,
-    )
-
-
-def db_label(source: Source) -> str:
-    if isinstance(source, TelemetryReader):
-        return str(source.db_path)
-    return str(Path(source))
 
 
 def switch_lines(run: Run) -> list[float]:

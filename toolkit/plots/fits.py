@@ -115,9 +115,7 @@ def _sample(
     columns: str,
     limit: int,
 ) -> pl.DataFrame:
-    where, sparams = hash_sample(
-        run, spec.table, "t.node_id, t.iter_id", counts, "t.node_id", limit
-    )
+    where, sparams = hash_sample("t.node_id, t.iter_id", counts, "t.node_id", limit)
     q = f"""
         SELECT t.node_id, t.iter_id, t.duration_s AS y, {pred} AS yhat, {columns}
         FROM {source}
@@ -290,6 +288,7 @@ def prefill_fit(
     if notes:
         note += _not_fitted_note(notes)
     fig = style(fig, PREFILL_TITLE, run, note, height=460)
+    fig.update_layout(legend={"itemsizing": "constant"})
     fig.layout.meta["not_fitted"] = notes
     return fig
 
@@ -444,5 +443,6 @@ def decode_fit(
     if notes:
         note += _not_fitted_note(notes)
     fig = style(fig, DECODE_TITLE, run, note, height=460)
+    fig.update_layout(legend={"itemsizing": "constant"})
     fig.layout.meta["not_fitted"] = notes
     return fig

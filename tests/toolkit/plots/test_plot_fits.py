@@ -95,6 +95,19 @@ def test_decode_points_curve_and_binned_errors_follow_the_model(sim_run, fit):
         assert sorted(err.x) == sorted(set(b.tolist()))
 
 
+def test_nodes_without_a_fit_are_named(sim_run, fit):
+    fig = decode_fit(sim_run.db, sim_run.run_id, fit=fit)
+    failed = [
+        n.node_id for n in fit.nodes if not n.decode.ok and n.decode.samples_test + n.decode.samples
+    ]
+    noted = [int(m.split(":")[0].removeprefix("node ")) for m in fig.layout.meta["not_fitted"]]
+    assert noted == failed
+    drawn = {_node(t) for t in fig.data if t.type == "scattergl"}
+    assert drawn.isdisjoint(failed) and drawn
+    if failed:
+        assert f"not fitted: node {failed[0]}" in fig.layout.title.text
+
+
 def test_a_fit_of_another_run_is_refused(sim_run, fit):
     with pytest.raises(ValueError, match="RunFit passed is of run"):
         prefill_fit(sim_run.db, sim_run.run_id, fit=fit._replace(run_id="other"))
