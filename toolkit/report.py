@@ -194,8 +194,8 @@ def build_report(
             f"{_figure_html(name, fig)}</section>"
         )
     # Two tables side by side: what ran, and what it measured.
-    setup = ("run_id", "source", "workload", "nodes", "initial_split", "planner", "router")
-    setup += ("eviction", "profile", "seed", "sim_seconds", "warmup_seconds", "measured_seconds")
+    setup = {"run_id", "source", "workload", "nodes", "initial_split", "planner", "router"}
+    setup |= {"eviction", "profile", "seed", "sim_seconds", "warmup_seconds", "measured_seconds"}
     tables = "".join(
         '<table class="summary">'
         + "".join(

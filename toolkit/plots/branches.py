@@ -18,8 +18,6 @@ count; hover shows which tiers of the node held the block at that time (from kv_
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import plotly.graph_objects as go
 import polars as pl
@@ -156,20 +154,38 @@ def _peak_time(run: Run) -> float | None:
     return float(t[int(np.argmax(refs.sum(axis=0)))])
 
 
-def _state_at(run: Run, t: float, blocks: list[int] | None) -> pl.DataFrame:
-    """R_{b,n} at time t (last logged value) for `blocks`, or for every block."""
-    only = "AND block_hash IN (SELECT unnest(?::BIGINT[]))" if blocks is not None else ""
-    params: list[Any] = [run.run_id, t] + ([blocks] if blocks is not None else [])
-    return run.df(
-        f"""
+def _most_shared(run: Run, t: float, limit: int) -> list[int]:
+    """The `limit` blocks with the largest Σ_n R_{b,n} at time t (ties: on more nodes)."""
+    rows = run.rows(
+        """
         WITH b AS (
             SELECT node_id, block_hash, t, count, row_number() OVER () AS rn
-            FROM branch_counts WHERE run_id = ? AND t <= ? {only}
+            FROM branch_counts WHERE run_id = ? AND t <= ?
+        ), s AS (
+            SELECT node_id, block_hash, arg_max(count, [t, rn]) AS count FROM b GROUP BY ALL
+        )
+        SELECT block_hash, sum(count) AS total, count(*) FILTER (WHERE count > 0) AS nodes
+        FROM s GROUP BY 1 HAVING total > 0
+        ORDER BY total DESC, nodes DESC, block_hash LIMIT ?
+        """,
+        [run.run_id, t, limit],
+    )
+    return [int(r[0]) for r in rows]
+
+
+def _state_at(run: Run, t: float, blocks: list[int]) -> pl.DataFrame:
+    """R_{b,n} at time t (last logged value) of `blocks` on every node that counted them."""
+    return run.df(
+        """
+        WITH b AS (
+            SELECT node_id, block_hash, t, count, row_number() OVER () AS rn
+            FROM branch_counts
+            WHERE run_id = ? AND t <= ? AND block_hash IN (SELECT unnest(?::BIGINT[]))
         )
         SELECT node_id, block_hash, arg_max(count, [t, rn]) AS count, max(t) AS t_change
         FROM b GROUP BY ALL
         """,
-        params,
+        [run.run_id, t, blocks],
     )
 
 
@@ -286,27 +302,18 @@ def branch_count_tree(
             if t is None:
                 t = last_placed if last_placed is not None else run.t_end()
             blocks = blocks[:max_blocks]
-            state = _state_at(run, t, blocks)
         else:
             if t is None:
                 t = _peak_time(run)
-            state = _state_at(run, float(t or 0.0), None)
-            top = (
-                state.group_by("block_hash")
-                .agg(total=pl.col("count").sum(), nodes=(pl.col("count") > 0).sum())
-                .filter(pl.col("total") > 0)
-                .sort(["total", "nodes", "block_hash"], descending=[True, True, False])
-                .head(max_blocks)
-            )
-            blocks = top["block_hash"].to_list()
+            t = float(t or 0.0)
+            blocks = _most_shared(run, t, max_blocks)
             if not blocks:
                 return no_data(
                     TREE_TITLE,
                     run,
                     f"no block has a positive count at t = {t:.1f} s in run {run.run_id}",
                 )
-            state = state.filter(pl.col("block_hash").is_in(blocks))
-        assert t is not None
+        state = _state_at(run, t, blocks)
         first = _first_counted(run, blocks)
         held = _held(run, t, blocks)
         timeline = phase_segments(run)
