@@ -7,14 +7,8 @@ branch table, KV directory) over FastAPI; `metrics.py` serves Prometheus gauges 
 """
 
 from cluster.server.app import create_app
-from cluster.server.live import (
-    ApiError,
-    ConflictError,
-    InvalidRequestError,
-    LiveCluster,
-    LiveConfig,
-    NotFoundError,
-)
+from cluster.server.errors import ApiError, ConflictError, InvalidRequestError, NotFoundError
+from cluster.server.live import LiveCluster, LiveConfig
 
 __all__ = [
     "ApiError",

@@ -23,7 +23,8 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
-from cluster.server.live import ApiError, LiveCluster
+from cluster.server.errors import ApiError
+from cluster.server.live import LiveCluster
 from cluster.server.metrics import CONTENT_TYPE, make_registry, render
 
 

@@ -10,8 +10,8 @@ after the other (the second is told the node is already switching). The telemetr
 is touched only under that lock; it is flushed every `flush_every_s` wall seconds so other
 processes read the run while it is written (`telemetry.open_reader`).
 
-Errors a client can cause are `ApiError`s with an HTTP status and a message that says what
-was wrong and what is allowed.
+Errors a client can cause are `ApiError`s (errors.py) with an HTTP status and a message that
+says what was wrong and what is allowed.
 """
 
 from __future__ import annotations
@@ -25,40 +25,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from cluster.control_plane import SwitchError
 from cluster.core import ConfigError
 from cluster.routing import ROUTERS
-from cluster.sim.engine import SimRequest
+from cluster.server.errors import (
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+    UnavailableError,
+)
+from cluster.server.latency import LatencyTracker, decision_json, num
 from cluster.sim.runner import config_dict, register_nodes
 from cluster.sim.simulator import SimConfig, Simulator
 
 log = logging.getLogger(__name__)
 
 PLANNER_MODES = ("auto", "advise", "off")
-
-
-class ApiError(Exception):
-    """A request the server refuses; `status` is the HTTP status, the message says why."""
-
-    status = 400
-
-
-class NotFoundError(ApiError):
-    status = 404
-
-
-class ConflictError(ApiError):
-    status = 409
-
-
-class InvalidRequestError(ApiError):
-    status = 422
-
-
-class UnavailableError(ApiError):
-    status = 503
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,60 +69,6 @@ class LiveConfig:
             raise ConfigError(
                 f"planner mode must be one of {', '.join(PLANNER_MODES)}, got {self.planner_mode!r}"
             )
-
-
-def _num(v: float | None) -> float | None:
-    """JSON has no inf/nan: None stands for 'no value'."""
-    return None if v is None or not math.isfinite(v) else float(v)
-
-
-class LatencyTracker:
-    """Rolling TTFT / E2E of requests finished in the last `window_s` simulated seconds.
-
-    Follows `sim.requests` (append-only) with a cursor and keeps only the requests in flight,
-    so an update costs O(in flight), not O(all requests).
-    """
-
-    def __init__(self, window_s: float) -> None:
-        self.window_s = window_s
-        self._cursor = 0
-        self._open: list[SimRequest] = []
-        self._done: deque[tuple[float, float, float]] = deque()  # (t_done, ttft, e2e)
-        self.completed = 0
-
-    def update(self, requests: list[SimRequest], now: float) -> None:
-        if self._cursor < len(requests):
-            self._open.extend(requests[self._cursor :])
-            self._cursor = len(requests)
-        still: list[SimRequest] = []
-        finished: list[tuple[float, float, float]] = []
-        for r in self._open:
-            if r.t_done is None:
-                still.append(r)
-                continue
-            ttft = (r.t_first_token if r.t_first_token is not None else r.t_done) - r.t_arrival
-            finished.append((r.t_done, ttft, r.t_done - r.t_arrival))
-        self._open = still
-        self.completed += len(finished)
-        self._done.extend(sorted(finished))
-        while self._done and self._done[0][0] < now - self.window_s:
-            self._done.popleft()
-
-    def stats(self, now: float) -> dict[str, Any]:
-        rows = np.array(self._done, dtype=np.float64).reshape(-1, 3)
-        span = min(self.window_s, now) if now > 0 else self.window_s
-        out: dict[str, Any] = {
-            "window_s": self.window_s,
-            "requests": int(rows.shape[0]),
-            "in_flight": len(self._open),
-            "throughput_rps": _num(rows.shape[0] / span) if span > 0 else None,
-        }
-        for name, col in (("ttft", 1), ("e2e", 2)):
-            v = rows[:, col]
-            out[f"{name}_mean_s"] = _num(float(v.mean())) if v.size else None
-            out[f"{name}_p50_s"] = _num(float(np.percentile(v, 50))) if v.size else None
-            out[f"{name}_p95_s"] = _num(float(np.percentile(v, 95))) if v.size else None
-        return out
 
 
 class LiveCluster:
@@ -358,7 +286,7 @@ class LiveCluster:
             rows = [r for r in self.timeline if r[0] >= since]
             return {
                 "time": sim.now,
-                "samples": {c: [_num(r[i]) for r in rows] for i, c in enumerate(cols)},
+                "samples": {c: [num(r[i]) for r in rows] for i, c in enumerate(cols)},
                 "split": [
                     {"t": t, "prefill": a, "decode": b}
                     for t, a, b in sim.split_timeline
@@ -391,10 +319,10 @@ class LiveCluster:
                 "modes": list(PLANNER_MODES),
                 "window_s": getattr(pl, "window_s", None),
                 "slices": getattr(pl, "slices", None),
-                "interval_s": _num(pl.interval_s),
-                "next_evaluation_t": _num(cp.next_plan_t) if not cp.collocated else None,
+                "interval_s": num(pl.interval_s),
+                "next_evaluation_t": num(cp.next_plan_t) if not cp.collocated else None,
                 "collocated": cp.collocated,
-                "last_decision": None if d is None else _decision_json(d),
+                "last_decision": None if d is None else decision_json(d),
             }
 
     def branch(self, branch_id: str) -> dict[str, Any]:
@@ -519,7 +447,7 @@ class LiveCluster:
                 started = cp.apply(decision, sim.now, trigger="manual")
             except SwitchError as err:
                 raise ConflictError(str(err)) from None
-            return {"started": started, "decision": _decision_json(decision)}
+            return {"started": started, "decision": decision_json(decision)}
 
     def set_router(
         self, policy: str | None = None, copy_price: float | None = None
@@ -546,24 +474,3 @@ class LiveCluster:
             snap = self.cluster()
             snap["directory"] = self.directory_stats()
             return snap
-
-
-def _decision_json(d: Any) -> dict[str, Any]:
-    return {
-        "t": d.t,
-        "current_prefill": d.current_prefill,
-        "chosen_prefill": d.chosen_prefill,
-        "mode": d.mode,
-        "reason": d.reason,
-        "switches": [{"node": s.node_id, "to_phase": s.to_phase} for s in d.switches],
-        "candidates": [
-            {
-                "prefill_count": c.prefill_count,
-                "mean_gain": _num(c.mean_gain),
-                "std_gain": _num(c.std_gain),
-                "slices": c.slices,
-                "qualified": bool(c.qualified),
-            }
-            for c in d.candidates
-        ],
-    }
