@@ -118,7 +118,11 @@ class LiveHarness:
         self.server.stop()  # type: ignore[attr-defined]  # stops the cluster, closes the run
         import threading
 
-        stops = [threading.Thread(target=e.stop) for e in self.engines if e is not None]
+        stops = [
+            threading.Thread(target=e.stop)
+            for e in self.engines
+            if e is not None and not isinstance(e, str)
+        ]
         for t in stops:
             t.start()
         for t in stops:
@@ -129,8 +133,9 @@ class LiveHarness:
 def live_cluster(tmp_path: Path):  # type: ignore[no-untyped-def]
     """Factory: `make(roles, **settings)` -> LiveHarness; everything is stopped at teardown.
 
-    `engines` replaces the stand-ins (already started objects with `.endpoints`); `extra`
-    adds engine specs (e.g. of subprocess stand-ins); `standin` passes StandinEngine kwargs.
+    `engines` replaces the stand-ins: started StandinEngines, or URLs of engines served
+    elsewhere (stand-in processes); node i is engines[i]. `standin` passes StandinEngine
+    kwargs; other keywords are `ClusterSettings`.
     """
     from cluster.sglang.backend import ServerThread, SGLangCluster, create_sglang_app
     from cluster.sglang.cluster_file import ClusterConfig, ClusterSettings, EngineSpec
@@ -142,7 +147,6 @@ def live_cluster(tmp_path: Path):  # type: ignore[no-untyped-def]
         roles: tuple[str, ...] = ("prefill", "prefill", "decode"),
         *,
         engines: list | None = None,
-        extra: tuple = (),
         standin: dict | None = None,
         db: bool = True,
         **settings: object,
@@ -152,10 +156,9 @@ def live_cluster(tmp_path: Path):  # type: ignore[no-untyped-def]
             engines = [StandinEngine(r, **kw) for r in roles]  # type: ignore[arg-type]
             for e in engines:
                 e.start()
-        specs = [
-            EngineSpec(node_id=i, http_url=e.endpoints.http_url) for i, e in enumerate(engines)
-        ]
-        specs += list(extra)
+        # An engine is a started StandinEngine or the URL of one served elsewhere (a process).
+        urls = [e if isinstance(e, str) else e.endpoints.http_url for e in engines]
+        specs = [EngineSpec(node_id=i, http_url=u) for i, u in enumerate(urls)]
         base = {
             "tokenizer": "engine",
             "moe_top_k": 8,
@@ -171,7 +174,8 @@ def live_cluster(tmp_path: Path):  # type: ignore[no-untyped-def]
             server.start()
         except BaseException:
             for e in engines:
-                e.stop()
+                if not isinstance(e, str):
+                    e.stop()
             raise
         h = LiveHarness(engines, cluster, server, path)
         made.append(h)
