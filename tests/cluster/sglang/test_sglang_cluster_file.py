@@ -94,3 +94,117 @@ def test_bad_cluster_files_say_what_is_wrong(tmp_path: Path, text: str, needle: 
 def test_discover_reports_an_unreachable_engine() -> None:
     with pytest.raises(ConfigError, match="server_info"):
         discover_engine("http://127.0.0.1:9", node_id=0, timeout_s=1.0)
+
+
+# --- the live cluster file (TOML / JSON with [cluster] settings) -----------------------------
+
+TOML = """
+[cluster]
+tokenizer = "toy"
+router = "cache-aware"
+planner = "gain"
+planner_mode = "off"
+moe_top_k = 8
+moe_experts = 64
+relaunch_command = "ssh {host} restart-sglang --role {role}"
+
+[[engines]]
+node_id = 0
+http_url = "http://127.0.0.1:30000/"
+
+[[engines]]
+node_id = 1
+http_url = "http://127.0.0.1:30001"
+role = "decode"
+decode_cuda_graph_memory_gb = 3.5
+"""
+
+
+def test_toml_cluster_file_settings_and_engines(tmp_path: Path) -> None:
+    from cluster.sglang.cluster_file import ClusterSettings, load_cluster_config
+
+    path = tmp_path / "cluster.toml"
+    path.write_text(TOML)
+    cfg = load_cluster_config(path)
+    s = cfg.settings
+    assert (s.tokenizer, s.router, s.planner, s.planner_mode) == (
+        "toy",
+        "cache-aware",
+        "gain",
+        "off",
+    )
+    assert (s.moe_top_k, s.moe_experts, s.kv_fetch) == (8, 64, "none")
+    assert s.relaunch_command == "ssh {host} restart-sglang --role {role}"
+    assert [e.node_id for e in cfg.engines] == [0, 1]
+    assert cfg.engines[1].role == "decode" and cfg.engines[1].decode_cuda_graph_memory_gb == 3.5
+    assert load_cluster_file(path) == list(cfg.engines)  # the engines-only reader accepts TOML
+    # A JSON list of engines is a cluster file with default settings.
+    save_cluster_file(tmp_path / "c.json", list(cfg.engines))
+    assert load_cluster_config(tmp_path / "c.json").settings == ClusterSettings()
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        (
+            "[cluster]\ntokenizer = 'bpe'\n[[engines]]\nnode_id = 0\nhttp_url = 'http://a'",
+            "hf:<model",
+        ),
+        (
+            "[cluster]\nspeed = 2\n[[engines]]\nnode_id = 0\nhttp_url = 'http://a'",
+            "unknown settings ['speed']",
+        ),
+        (
+            "[cluster]\nkv_fetch = 'rdma'\n[[engines]]\nnode_id = 0\nhttp_url = 'http://a'",
+            "kv_fetch must be",
+        ),
+        (
+            "[cluster]\nmoe_top_k = 9\nmoe_experts = 8\n[[engines]]\nnode_id = 0\nhttp_url = 'http://a'",
+            "moe_top_k <= moe_experts",
+        ),
+        (
+            "[cluster]\nhealth_interval_s = 0\n[[engines]]\nnode_id = 0\nhttp_url = 'http://a'",
+            "health_interval_s must be",
+        ),
+        ("[cluster]\n", "at least one [[engines]]"),
+        (
+            "[[engines]]\nnode_id = 0\nhttp_url = 'http://a'\nrole = 'both'",
+            "role must be prefill or decode",
+        ),
+        ("[[engine]]\nnode_id = 0", "unknown top-level keys ['engine']"),
+        ("[[engines]]\nnode_id = 'x'\nhttp_url = 'http://a'", "node_id must be an integer"),
+        ("not = [toml", "not valid TOML"),
+    ],
+)
+def test_bad_toml_cluster_files_say_what_is_wrong(tmp_path: Path, text: str, needle: str) -> None:
+    from cluster.sglang.cluster_file import load_cluster_config
+
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_cluster_config(path)
+    assert needle in str(err.value)
+
+
+def test_discovery_fills_the_rest_and_refuses_a_role_mismatch() -> None:
+    from cluster.sglang.cluster_file import ClusterConfig
+
+    with StandinEngine("prefill", enable_pd_role_switch=True) as engine:
+        ep = engine.endpoints
+        assert ep is not None
+        given = EngineSpec(node_id=0, http_url=ep.http_url, relaunch_command="x {role}")
+        cfg = ClusterConfig((given,)).discovered()
+        e = cfg.engines[0]
+        assert (e.role, e.kv_events, e.bootstrap_port) == (
+            "prefill",
+            ep.kv_events,
+            ep.bootstrap_port,
+        )
+        assert e.relaunch_command == "x {role}" and e.enable_pd_role_switch is True
+        assert e.block_size == 16 and e.chunk_tokens == 8192 and e.kv_capacity_tokens
+        wrong = ClusterConfig((EngineSpec(node_id=0, http_url=ep.http_url, role="decode"),))
+        with pytest.raises(ConfigError, match="serves prefill but the cluster file says decode"):
+            wrong.discovered()
+    null = ClusterConfig((EngineSpec(node_id=0, http_url="http://127.0.0.1:9", role="null"),))
+    with pytest.raises(ConfigError, match="server_info"):
+        null.discovered(timeout_s=1.0)
