@@ -53,7 +53,8 @@ def latency_distributions(
         # One scan: counts per (group, TTFT bin, E2E bin); each histogram is a roll-up.
         joint = run.df(
             f"""
-            SELECT g, {_bin("ttft")} AS k_ttft, {_bin("e2e")} AS k_e2e, count(*) AS n
+            SELECT g, {_bin("ttft")} AS k_ttft, {_bin("e2e")} AS k_e2e, count(*) AS n,
+                   count(ttft) AS n_ttft, sum(ttft) AS sum_ttft, sum(e2e) AS sum_e2e
             FROM ({base}) GROUP BY ALL
             """,
             [run.run_id, t0],
@@ -66,24 +67,25 @@ def latency_distributions(
         if total > EXACT_QUANTILE_ROWS:
             # The hash of the request's times picks the same sample on every call.
             keep = f"WHERE h % {SAMPLE_MOD} < {int(SAMPLE_MOD * EXACT_QUANTILE_ROWS / total)}"
-        stats = run.df(
+        quantiles = run.df(
             f"""
-            SELECT g, avg(ttft) AS ttft_mean, avg(e2e) AS e2e_mean, count(*) AS n,
-                   quantile_cont(ttft, [0.5, 0.95]) AS ttft_q,
+            SELECT g, quantile_cont(ttft, [0.5, 0.95]) AS ttft_q,
                    quantile_cont(e2e, [0.5, 0.95]) AS e2e_q
-            FROM ({base}) {keep} GROUP BY g ORDER BY g
+            FROM ({base}) {keep} GROUP BY g
             """,
             [run.run_id, t0],
         )
-        if keep:  # means and counts over all requests, not the sample
-            exact = run.df(
-                f"""
-                SELECT g, avg(ttft) AS ttft_mean, avg(e2e) AS e2e_mean, count(*) AS n
-                FROM ({base}) GROUP BY g
-                """,
-                [run.run_id, t0],
-            )
-            stats = stats.drop("ttft_mean", "e2e_mean", "n").join(exact, on="g", how="left")
+    # Means and counts over all requests (not the sample), from the joint histogram's sums.
+    stats = (
+        joint.group_by("g")
+        .agg(
+            n=pl.col("n").sum(),
+            ttft_mean=pl.col("sum_ttft").sum() / pl.col("n_ttft").sum(),
+            e2e_mean=pl.col("sum_e2e").sum() / pl.col("n").sum(),
+        )
+        .join(quantiles, on="g", how="left")
+        .sort("g")
+    )
     hist = pl.concat(
         [
             joint.filter(pl.col(f"k_{m}").is_not_null())
