@@ -61,6 +61,12 @@ def serve_command(
     db: Path | None = typer.Option(None, help="DuckDB file the run's telemetry is written to"),
     run_id: str | None = typer.Option(None, "--run-id", help="Run id (default: generated)"),
     telemetry: str = typer.Option("full", help="full | compact"),
+    sglang: Path | None = typer.Option(
+        None,
+        "--sglang",
+        help="Serve live SGLang engines from this cluster file (TOML/JSON) instead of the "
+        "simulator; policies come from its [cluster] table (see toolkit/commands_serve_sglang.py)",
+    ),
 ) -> None:
     """Serve the control-plane REST API over a simulated cluster paced to wall-clock time."""
     import uvicorn
@@ -71,6 +77,11 @@ def serve_command(
     if agents is None and arrival_rate is None:
         agents = 126
     token = token or os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(18)
+    if sglang is not None:  # live SGLang cluster: toolkit/commands_serve_sglang.py
+        from toolkit.commands_serve_sglang import serve_sglang
+
+        serve_sglang(sglang, host=host, port=port, token=token, db=db, run_id=run_id)
+        return
     try:
         cfg = SimConfig(
             workload=workload,

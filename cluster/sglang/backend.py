@@ -224,6 +224,7 @@ class SGLangCluster(LiveCluster):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._started = False
+        self._prepared = False
         self._stopped = False
         self._tok_i = 0
 
@@ -247,12 +248,21 @@ class SGLangCluster(LiveCluster):
         return ups[self._tok_i % len(ups)]
 
     # ---- lifecycle --------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Discover the engines through /server_info (raises ConfigError naming the engine).
+
+        `start` does it too; a CLI calls it first to report a bad cluster before serving.
+        """
+        if not self._prepared:
+            self.config = self.config.discovered()
+            self._prepared = True
+
     def start(self) -> None:
         """Discover engines, open the telemetry run, start collectors and health checks."""
         if self._started:
             return
-        cfg = self.config.discovered()
-        self.config = cfg
+        self.prepare()
+        cfg = self.config
         s = cfg.settings
         sizes = {e.block_size for e in cfg.engines if e.block_size}
         if len(sizes) > 1:

@@ -184,3 +184,81 @@ def test_manual_phase_switch_through_the_rest_api(live_cluster, until) -> None: 
     assert sw_rows["from_phase"].to_list() == ["prefill", "decode"]
     assert sw_rows["drained"].to_list()[0] == 1
     assert (sw_rows["t_done"] > sw_rows["t_decided"]).all()
+
+
+def test_pdlab_serve_sglang_serves_a_cluster_file(tmp_path, until) -> None:  # type: ignore[no-untyped-def]
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    engines = [StandinEngine(r, enable_pd_role_switch=True) for r in ("prefill", "decode")]
+    for e in engines:
+        e.start()
+    cfg = tmp_path / "cluster.toml"
+    cfg.write_text(
+        "[cluster]\ntokenizer = 'engine'\nmoe_top_k = 8\nmoe_experts = 64\n"
+        + "".join(
+            f"[[engines]]\nnode_id = {i}\nhttp_url = '{e.endpoints.http_url}'\n"
+            for i, e in enumerate(engines)
+        )
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    db = tmp_path / "serve.duckdb"
+    root = Path(__file__).resolve().parents[3]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "toolkit.cli", "serve", "--sglang", str(cfg), "--port", str(port),
+         "--db", str(db), "--token", "t0k"],
+        cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith(f"pdlab serve: {url} token=t0k"), line
+
+        def up() -> bool:
+            try:
+                return httpx.get(f"{url}/health", timeout=1).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        assert until(up, 30.0)
+        chat = {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 3}
+        r = httpx.post(f"{url}/v1/chat/completions", json=chat, timeout=20)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+        state = httpx.get(f"{url}/v1/cluster", timeout=10).json()
+        assert state["source"] == "sglang" and state["split"] == {"prefill": 1, "decode": 1}
+        r = httpx.post(
+            f"{url}/v1/nodes/0/phase",
+            json={"phase": "decode"},
+            headers={"Authorization": "Bearer t0k"},
+            timeout=10,
+        )
+        assert r.status_code == 409 and "last available prefill node" in r.json()["detail"]
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGINT)
+        rc = proc.wait(30)
+        for e in engines:
+            e.stop()
+    assert rc == 0, proc.stderr.read() if proc.stderr else ""
+    reader = open_reader(db)
+    assert reader.table("runs")["source"].to_list() == ["sglang"]
+    assert reader.table("requests").height == 1
+
+
+def test_pdlab_serve_sglang_reports_an_unreachable_engine(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from typer.testing import CliRunner
+
+    from toolkit.cli import app
+
+    cfg = tmp_path / "cluster.toml"
+    cfg.write_text("[[engines]]\nnode_id = 0\nhttp_url = 'http://127.0.0.1:9'\n")
+    res = CliRunner().invoke(app, ["serve", "--sglang", str(cfg)])
+    assert res.exit_code == 2
+    assert "cannot read http://127.0.0.1:9/server_info" in res.output
