@@ -190,6 +190,19 @@ TABLES: dict[str, tuple[Column, ...]] = {
         _c("samples", "BIGINT", nonnegative=True),
         _c("mape", "DOUBLE", nullable=True, nonnegative=True),
     ),
+    # One row per finished agent program (paper 003 §3.1: JCT and preemptions per program;
+    # attained service A_p = sum over its calls of first admission to completion).
+    "programs": (
+        RUN_ID,
+        _c("program_id", "VARCHAR"),
+        _c("workload", "VARCHAR"),
+        _c("t_arrival", "DOUBLE", nonnegative=True),
+        _c("t_done", "DOUBLE", nullable=True, nonnegative=True),
+        _c("jct_s", "DOUBLE", nullable=True, nonnegative=True),
+        _c("turns", "INTEGER", nonnegative=True),
+        _c("preemptions", "INTEGER", nonnegative=True),
+        _c("attained_service_s", "DOUBLE", nonnegative=True),
+    ),
 }
 
 # Columns whose values must be finite (no NaN/inf) when present.

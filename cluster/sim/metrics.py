@@ -5,6 +5,11 @@ finished before the end; throughput counts requests finished in the measured per
 h is the KV hit rate (cached prefix used at prefill / input tokens), h* the ideal hit rate
 with unlimited KV shared by all nodes and no switches (the prefix some earlier request
 produced), and lost KV reuse is 1 - h/h*.
+
+Program-level metrics (paper 003 §3.1): JCT = finish - arrival of every program that
+arrived after warmup and finished (the admission wait of an open loop counts), its
+preemptions; per call TTFT, TPOT = (t_done - t_first_token) / (t_out - 1) for calls with
+more than one output token, and queueing = prefill start - arrival at the prefill node.
 """
 
 from __future__ import annotations
@@ -56,6 +61,16 @@ def summarize(sim: Simulator) -> dict[str, Any]:
         if row["t_done"] is not None and row["t_done"] >= t0
     ]
     measured = t1 - t0
+    progs = [row for row in sim.program_rows if row[0] >= t0]
+    jct = np.array([f - a for a, f, *_ in progs])
+    tpot = np.array(
+        [
+            (r.t_done - r.t_first_token) / (r.t_out - 1)  # type: ignore[operator]
+            for r in done
+            if r.t_out > 1 and r.t_first_token is not None
+        ]
+    )
+    queueing = np.array([r.t_prefill_start - r.t_routed for r in started])  # type: ignore[operator]
     return {
         "run_id": getattr(sim, "run_id", None),
         "workload": cfg.workload,
@@ -90,4 +105,18 @@ def summarize(sim: Simulator) -> dict[str, Any]:
         "prefill_queue_imbalance": balance,
         "programs_finished": int(sim.finished_programs),
         "events": int(sim.events_processed),
+        "retention": sim.retention.name if sim.retention is not None else None,
+        "scheduling": sim.scheduling.name,
+        "dispatch": sim.dispatch.name if sim.dispatch is not None else None,
+        "host_kv": bool(cfg.host_kv),
+        "programs_measured": len(progs),
+        "mean_jct_s": _mean(jct),
+        "p50_jct_s": _pct(jct, 50),
+        "p99_jct_s": _pct(jct, 99),
+        "preemptions": int(sum(row[3] for row in progs)),
+        "p99_ttft_s": _pct(ttft, 99),
+        "mean_tpot_s": _mean(tpot),
+        "p99_tpot_s": _pct(tpot, 99),
+        "mean_queueing_s": _mean(queueing),
+        "p99_queueing_s": _pct(queueing, 99),
     }

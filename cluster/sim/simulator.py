@@ -12,10 +12,23 @@ come from the hardware profile's ground truth (with a context term and noise the
 model omits). Decode runs in epochs: between joins and leaves the batch is fixed, so a run
 of iterations is computed (and logged) at once and cut at the next iteration boundary when
 the batch changes. Events order by (time, priority, sequence).
+
+Program-level policy planes (paper 003 §3, `cluster.policies`): every program has a
+Program Control Block updated at release, completion and memory-pressure events. The
+Dispatch Plane assigns each released call a priority q (node queues and decode admission
+follow it; FCFS, the default, keeps the historical FIFO) and optionally routes it (a
+`select` policy in place of the PD router); the Retention Plane decides at completion what
+happens to the program's KV across the tool gap (protect / release / evict), and the tiers
+reclaim by (1[t < d], v). Without a retention policy the tiers keep the `--eviction` policy
+exactly as before. `host_kv=False` (collocated only) models one engine with a single GPU
+KV pool (paper 003's memory-pressure regime): KV is allocated as tokens are prefilled and
+generated (not from the hidden output length), and when a decode step cannot get memory
+the running call with the largest q is preempted and later recomputed, like vLLM.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 import time
@@ -30,6 +43,12 @@ from cluster.core import ConfigError, NullSink, Phase, TelemetrySink
 from cluster.eviction import EVICTION_POLICIES, Evicted
 from cluster.hashing import ContextHasher
 from cluster.planning import SwitchMode
+from cluster.policies.dispatch import DispatchRouter
+from cluster.policies.kv_pool import RetentionCache
+from cluster.policies.loader import LoadedPolicy, load_policy
+from cluster.policies.pcb import ProgramControlBlock, Signals, write_pcb
+from cluster.policies.retention import RELEASE, RetentionDecision, normalize_decision
+from cluster.policies.scheduling import FCFS, check_priority
 from cluster.sim.buffer import BufferedSink
 from cluster.sim.engine import DecodeEpoch, SimNode, SimRequest
 from cluster.sim.profiles import HardwareProfile, load_profile
@@ -55,6 +74,32 @@ _FETCH, _TRANSFER, _PREFILL_END, _DECODE_END, _SWITCH_DONE, _RELEASE, _ARRIVAL, 
 
 DEFAULT_FETCH = {"ttft": "async"}  # other routers: engines with private caches (SGLang PD)
 DEFAULT_BINDER = {"ttft": "fewest"}  # other routers: the gateway's round-robin decode routing
+
+
+class PolicyRef(str):
+    """A policy class or instance given in code (notebooks), carried through `SimConfig` as
+    its display name so configs stay JSON-serializable; the loader uses `obj`."""
+
+    obj: Any
+
+    def __new__(cls, family: str, obj: Any) -> PolicyRef:
+        label = getattr(obj, "__name__", None) or type(obj).__name__
+        ref = super().__new__(cls, f"python:{label}")
+        ref.obj = obj
+        return ref
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> PolicyRef:
+        return self
+
+    def __copy__(self) -> PolicyRef:
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_policy_ref, (str(self), self.obj))
+
+
+def _policy_ref(label: str, obj: Any) -> PolicyRef:
+    return PolicyRef("", obj)
 
 
 def parse_split(split: str, nodes: int) -> tuple[int, int] | None:
@@ -102,11 +147,37 @@ class SimConfig:
     l1_tokens: int | None = None
     l2_tokens: int | None = None
     stagger_s: float = 60.0  # closed-loop agents start spread over this many seconds
+    # Program-level policy planes (paper 003 §3); specs are registry names, file paths
+    # (path/to/policy.py[:Class]), modules (pkg.mod:Class) or, in code, classes/instances.
+    retention: Any = None  # None: the tiers keep `eviction` (no retention decisions)
+    retention_params: dict[str, Any] = field(default_factory=dict)
+    scheduling: Any = "fcfs"
+    scheduling_params: dict[str, Any] = field(default_factory=dict)
+    dispatch: Any = None  # None: the PD router `router` places calls
+    dispatch_params: dict[str, Any] = field(default_factory=dict)
+    host_kv: bool = True  # False: one GPU KV pool per node, no host tier (collocated only)
+    max_programs: int | None = None  # stop admitting new programs after this many
+
+    def __post_init__(self) -> None:
+        for family in ("retention", "scheduling", "dispatch"):
+            spec = getattr(self, family)
+            if spec is not None and not isinstance(spec, str):
+                object.__setattr__(self, family, PolicyRef(family, spec))
 
     def validate(self) -> None:
-        if self.nodes < 2:
-            raise ConfigError(f"--nodes must be >= 2, got {self.nodes}")
+        if self.nodes < 1 or (self.nodes < 2 and self.split != "collocated"):
+            raise ConfigError(
+                f"--nodes must be >= 2 (>= 1 with --split collocated), got {self.nodes}"
+            )
         parse_split(self.split, self.nodes)
+        if not self.host_kv and self.split != "collocated":
+            raise ConfigError(
+                "host_kv=False (a single GPU KV pool, no host tier) needs --split collocated"
+            )
+        if self.max_programs is not None and self.max_programs < 1:
+            raise ConfigError(f"max_programs must be >= 1, got {self.max_programs}")
+        if self.scheduling is None:
+            raise ConfigError("scheduling must name a policy (default 'fcfs')")
         if (self.agents is None) == (self.arrival_rate_per_min is None):
             raise ConfigError(
                 "give exactly one of --agents N (closed loop) or --arrival-rate R (open loop)"
@@ -137,8 +208,12 @@ class ProgramRun:
         "done_turns",
         "finish_t",
         "fork_parents",
+        "kv_paths",
         "out_node",
+        "outputs_added",
+        "pcb",
         "pending",
+        "preemptions",
         "program",
         "snapshots",
         "succ",
@@ -150,6 +225,12 @@ class ProgramRun:
         self.program = program
         self.uid = uid
         self.arrival = arrival
+        # What policies may see of this program (never `program` itself).
+        self.pcb = ProgramControlBlock(program.program_id, program.workload, arrival)
+        # Retention Plane: branch -> (nodes, block path) of its latest completed call.
+        self.kv_paths: dict[str, tuple[tuple[int, ...], list[int]]] = {}
+        self.outputs_added: set[int] = set()  # turns whose output is already in the context
+        self.preemptions = 0
         n = len(program.turns)
         self.pending = [len(t.deps) for t in program.turns]
         self.succ: list[list[int]] = [[] for _ in range(n)]
@@ -164,6 +245,10 @@ class ProgramRun:
         self.out_node: dict[int, int] = {}  # turn -> decode node that produced its output
         self.fork_parents = {t.parent_turn for t in program.turns if t.kind == "fork"}
         self.finish_t: float | None = None
+
+
+def _spec(spec: Any) -> Any:
+    return spec.obj if isinstance(spec, PolicyRef) else spec
 
 
 class Simulator:
@@ -200,6 +285,43 @@ class Simulator:
         )
         self.collocated_only = split is None
         router = cfg.router
+        # Program-level policy planes (paper 003 §3).
+        self.retention: LoadedPolicy | None = (
+            None
+            if cfg.retention is None
+            else load_policy("retention", _spec(cfg.retention), cfg.retention_params)
+        )
+        self.scheduling = load_policy("scheduling", _spec(cfg.scheduling), cfg.scheduling_params)
+        self.dispatch: LoadedPolicy | None = (
+            None
+            if cfg.dispatch is None
+            else load_policy("dispatch", _spec(cfg.dispatch), cfg.dispatch_params)
+        )
+        self.unified = not cfg.host_kv
+        self.planes = self.retention is not None or self.unified
+        # The default FCFS keeps each node's queue in arrival order (the historical FIFO).
+        self.fifo = type(self.scheduling.instance) is FCFS
+        kv_fetch = cfg.kv_fetch or DEFAULT_FETCH.get(router, "none")
+        if self.unified:
+            if cfg.kv_fetch not in (None, "none"):
+                raise ConfigError(
+                    "host_kv=False has no shared host pool to fetch from; use --kv-fetch none"
+                )
+            kv_fetch = "none"
+        self.runs: dict[int, ProgramRun] = {}  # active programs by uid
+        self.pcb_by_program: dict[str, ProgramControlBlock] = {}
+        self.program_rows: list[tuple[float, float, int, int, float]] = []
+        self.arrivals = 0
+        self.preemptions = 0
+        dispatch_router = None
+        if self.dispatch is not None:
+            dispatch_router = DispatchRouter(
+                self.dispatch.instance,
+                self.dispatch.hooks["select"],
+                self.pcb_by_program.__getitem__,
+                lambda n: self.nodes[n].inflight(),
+                (lambda now: self._signals(None)) if self.dispatch.uses_signals else None,
+            )
         cp_cfg = ControlPlaneConfig(
             block_tokens=self.bt,
             router=router,
@@ -208,23 +330,30 @@ class Simulator:
             window_s=cfg.window_s,
             slices=cfg.slices,
             cooldown_s=cfg.cooldown_s,
-            kv_fetch=cfg.kv_fetch or DEFAULT_FETCH.get(router, "none"),
+            kv_fetch=kv_fetch,
             copy_price_s_per_token=cfg.copy_price_s_per_token,
             log_branch_counts=cfg.telemetry == "full",
             log_router_decisions=cfg.telemetry == "full",
         )
         oracle = self.profile.node_model()
         self.cp = ControlPlane(
-            dict(self.initial_phases), {n: oracle for n in ids}, cp_cfg, sink=self.out, backend=self
+            dict(self.initial_phases),
+            {n: oracle for n in ids},
+            cp_cfg,
+            sink=self.out,
+            backend=self,
+            router=dispatch_router,
         )
         policy = EVICTION_POLICIES.create(cfg.eviction)
         l1 = cfg.l1_tokens or self.profile.l1_tokens
         l2 = cfg.l2_tokens or self.profile.l2_tokens
         d = self.cp.directory
-        self.nodes: dict[int, SimNode] = {
-            n: SimNode(n, self.initial_phases[n], l1, l2, policy, lambda h, n=n: d.count(n, h))
-            for n in ids
-        }
+        self.nodes: dict[int, SimNode] = {}
+        for n in ids:
+            caches = self._plane_caches(n, l1, l2) if self.planes else None
+            self.nodes[n] = SimNode(
+                n, self.initial_phases[n], l1, l2, policy, lambda h, n=n: d.count(n, h), caches
+            )
         d.zero_listeners.append(self._on_zeroed)
         self.source = make_workload(
             cfg.workload, seed=cfg.seed, duration_s=cfg.duration_s, **cfg.workload_params
@@ -252,6 +381,22 @@ class Simulator:
         self.events_processed = 0
         self.wall_s = 0.0
         self._started = False
+
+    def _plane_caches(self, n: int, l1: int, l2: int) -> tuple[RetentionCache, RetentionCache]:
+        """Tiers keyed by the Retention Plane; one GPU pool when there is no host tier."""
+        name = self.retention.name if self.retention is not None else "lru"
+        d = self.cp.directory
+
+        def make(tier: str, cap: int) -> RetentionCache:
+            c = RetentionCache(n, tier, cap, name, self._clock, lambda h: d.count(n, h))  # type: ignore[arg-type]
+            c.on_owner_evicted = self._on_owner_evicted
+            return c
+
+        gpu = make("gpu", l1)
+        return (gpu, gpu) if self.unified else (gpu, make("host", l2))
+
+    def _clock(self) -> float:
+        return self.now
 
     # ---- kernel ------------------------------------------------------------------------
     def _at(self, t: float, prio: int, fn: Callable[..., None], *args: Any) -> None:
@@ -318,7 +463,7 @@ class Simulator:
             self._at(cfg.planner_tick_s, _TICK, self._tick)
         trace = self.source.trace_programs()
         if trace is not None and any(p.arrival_s is not None for p in trace):
-            for p in trace:
+            for p in trace[: cfg.max_programs]:
                 if p.arrival_s is not None and p.arrival_s < cfg.duration_s:
                     self._at(p.arrival_s, _ARRIVAL, self._arrive, p, p.arrival_s)
             return
@@ -342,13 +487,23 @@ class Simulator:
                 return None
         return self.source.next_program(now)
 
+    def _admits_more(self) -> bool:
+        cap = self.cfg.max_programs
+        return cap is None or self.arrivals < cap
+
     def _closed_arrival(self, t: float) -> None:
+        if not self._admits_more():
+            return
         p = self._new_program(self.now)
         if p is not None:
+            self.arrivals += 1
             self._arrive(p, t)
 
     def _open_arrival(self, t: float) -> None:
         assert self.admission is not None
+        if not self._admits_more():
+            return
+        self.arrivals += 1
         for arrived, p in self.admission.arrive(t, self.source.next_program(t)):
             self._arrive(p, arrived)
 
@@ -356,6 +511,8 @@ class Simulator:
         run = ProgramRun(program, self.next_uid, arrival)
         self.next_uid += 1
         self.active_programs += 1
+        self.runs[run.uid] = run
+        self.pcb_by_program[program.program_id] = run.pcb
         for i, turn in enumerate(program.turns):
             if not turn.deps:
                 self._at(
@@ -368,9 +525,31 @@ class Simulator:
                 )
 
     def _program_done(self, run: ProgramRun) -> None:
-        run.finish_t = self.now
+        run.finish_t = now = self.now
         self.active_programs -= 1
         self.finished_programs += 1
+        pcb = run.pcb
+        write_pcb(pcb, finished=True, in_tool=False, branch_ids=())
+        if self.retention is not None:
+            # A finished program's protection lapses (the harness ends the session).
+            for nodes, path in run.kv_paths.values():
+                self._retain(run, nodes, path, RELEASE)
+        self.runs.pop(run.uid, None)
+        if self.pcb_by_program.get(pcb.program_id) is pcb:
+            del self.pcb_by_program[pcb.program_id]
+        turns = len(run.program.turns)
+        self.program_rows.append((run.arrival, now, turns, run.preemptions, pcb.attained_service_s))
+        self.out.row(
+            "programs",
+            program_id=pcb.program_id,
+            workload=pcb.workload,
+            t_arrival=run.arrival,
+            t_done=now,
+            jct_s=now - run.arrival,
+            turns=turns,
+            preemptions=run.preemptions,
+            attained_service_s=pcb.attained_service_s,
+        )
         if self.admission is not None:
             for arrived, p in self.admission.finish():
                 self._arrive(p, arrived)
@@ -424,9 +603,13 @@ class Simulator:
             return snap
         turn = run.program.turns[j]
         h = run.branch_ctx[turn.branch_id]
+        if j in run.outputs_added:
+            return h  # the planes appended the output when the call completed
         if j in run.fork_parents:
             h = h.copy()
             run.snapshots[j] = h
+        elif self.planes:
+            run.outputs_added.add(j)
         if turn.output_tokens > 0:
             start = len(h.hashes)
             new = h.extend([Segment(turn.output_seg, turn.output_tokens)])
@@ -462,7 +645,10 @@ class Simulator:
         )
         req.t_ideal_c = min(ideal_blocks * self.bt, max(t_in - 1, 0))
         req.measured = req.t_arrival >= self.cfg.warmup_s
+        req.t_release = now
+        req.seq = len(self.requests)
         self.requests.append(req)
+        self._on_release(run, turn, req)
         kind = turn.kind if turn.kind in ("start", "fork", "subagent") else "start"
         rr = RouteRequest(rid, run.program.program_id, turn.branch_id, path, t_in, now)
         decision = self.cp.admit(rr, branch_kind=kind, parent_id=turn.parent_branch)  # type: ignore[arg-type]
@@ -496,8 +682,18 @@ class Simulator:
             self._at(req.fetch_ready_t, _FETCH, self._fetch_done, req, node_id)
         else:
             req.fetch_ready_t = self.now
-        node.queue.append(req)
+        self._queue_insert(node, req)
         self._schedule(node)
+
+    def _queue_insert(self, node: SimNode, req: SimRequest, front: bool = False) -> None:
+        """FCFS (the default) appends; other policies keep the queue sorted by q, release."""
+        if self.fifo:
+            if front:
+                node.queue.insert(0, req)
+            else:
+                node.queue.append(req)
+        else:
+            bisect.insort(node.queue, req, key=SimRequest.sort_key)
 
     def _fetch_done(self, req: SimRequest, node_id: int) -> None:
         if req.prefill_node != node_id or req.t_prefill_start is not None:
@@ -513,6 +709,223 @@ class Simulator:
         )
         self._schedule(node)
 
+    # ---- policy planes (paper 003 §3) ------------------------------------------------------
+    def _signals(self, node_id: int | None) -> Signals:
+        kv: dict[int, float] = {}
+        host: dict[int, float] = {}
+        inflight: dict[int, int] = {}
+        for n, node in self.nodes.items():
+            if node.unified:
+                kv[n] = node.l1.utilization  # type: ignore[attr-defined]
+                host[n] = 0.0
+            else:
+                used = node.decode_kv if node.phase == "decode" else node.l1.used_tokens
+                kv[n] = used / node.l1.capacity_tokens
+                host[n] = node.l2.used_tokens / node.l2.capacity_tokens
+            inflight[n] = node.inflight()
+        tokens = 0
+        if node_id is not None:
+            node = self.nodes[node_id]
+            tokens = (
+                node.l1.pinned_tokens + node.l1.reserved_tokens  # type: ignore[attr-defined]
+                if node.unified
+                else node.decode_kv
+            )
+        c = self.profile.prefill
+        return Signals(
+            self.now, node_id, kv, host, inflight, tokens, self.profile.chunk_tokens, c[1], c[0]
+        )
+
+    def _on_release(self, run: ProgramRun, turn: Any, req: SimRequest) -> None:
+        """PCB at release r_{p,k}; the retention arrival hook; the call's priority q."""
+        pcb = run.pcb
+        now = self.now
+        branches = pcb.branch_ids
+        if turn.branch_id not in branches:
+            branches = (*branches, turn.branch_id)
+        write_pcb(
+            pcb,
+            turns_released=pcb.turns_released + 1,
+            context_tokens=req.t_in,
+            last_release_s=now,
+            in_tool=False,
+            calls_in_flight=pcb.calls_in_flight + 1,
+            branch_ids=branches,
+            branch_id=turn.branch_id,
+        )
+        if self.retention is not None:
+            decision = self._retention_hook("on_turn_arrival", pcb, req.request_id, pcb.kv_node)
+            kv = run.kv_paths.get(turn.branch_id)
+            if kv is None and turn.kind == "fork":
+                kv = run.kv_paths.get(turn.parent_branch)  # type: ignore[arg-type]
+            if decision is not None and kv is not None:
+                self._retain(run, kv[0], kv[1], decision)
+        sched = self.scheduling
+        if sched.uses_signals:
+            sched.instance.signals = self._signals(None)
+        req.priority = check_priority(sched.hooks["priority"](pcb, now), sched.name)
+
+    def _retention_hook(
+        self, hook: str, pcb: ProgramControlBlock, request_id: str, node: int | None
+    ) -> RetentionDecision | None:
+        ret = self.retention
+        assert ret is not None
+        if ret.uses_signals:
+            ret.instance.signals = self._signals(node)
+        fn = ret.hooks[hook]
+        now = self.now
+        result = fn(pcb, request_id, now) if hook == "on_turn_complete" else fn(pcb, now)
+        return normalize_decision(result, ret.name, hook)
+
+    def _retain(
+        self, run: ProgramRun, nodes: tuple[int, ...], path: list[int], dec: RetentionDecision
+    ) -> None:
+        """Apply a retention decision to the program's blocks of `path` on `nodes`."""
+        now = self.now
+        uid = run.uid
+        for n in nodes:
+            node = self.nodes[n]
+            for tier, cache in (("host", node.l2), ("gpu", node.l1)):
+                if tier == "host" and node.unified:
+                    continue
+                assert isinstance(cache, RetentionCache)
+                if dec.kind == "protect":
+                    cache.protect(path, uid, dec.until, dec.value)  # type: ignore[arg-type]
+                elif dec.kind == "release":
+                    cache.release(path, uid)
+                else:
+                    evicted = cache.discard(path, uid)
+                    if evicted:
+                        self._evicted(node, tier, evicted, now)
+        protected = dec.kind == "protect" and dec.until > now  # type: ignore[operator]
+        fields: dict[str, Any] = {
+            "kv_protected": protected,
+            "kv_protected_until": dec.until if protected else None,
+            "kv_value": dec.value if protected else None,
+        }
+        if dec.kind == "evict":
+            fields.update(kv_resident=False, kv_resident_tokens=self._resident_tokens(run))
+        write_pcb(run.pcb, **fields)
+
+    def _resident_tokens(self, run: ProgramRun) -> int:
+        pcb = run.pcb
+        kv = run.kv_paths.get(pcb.branch_id) if pcb.branch_id is not None else None
+        if kv is None or pcb.kv_node is None:
+            return 0
+        node = self.nodes[pcb.kv_node]
+        return node.prefix_blocks(node.l2, kv[1]) * self.bt
+
+    def _on_owner_evicted(self, uid: int, h: int) -> None:
+        """Memory pressure reclaimed a block a program decided on: update its PCB."""
+        run = self.runs.get(uid)
+        if run is not None and run.pcb.kv_resident:
+            write_pcb(run.pcb, kv_resident=False)
+
+    def _planes_complete(self, run: ProgramRun, req: SimRequest, turn: Any) -> None:
+        """PCB at completion c_{p,k}; the program's KV enters the cache with the output;
+        the retention decision (v, d) for it."""
+        now = self.now
+        i = req.turn_index
+        pcb = run.pcb
+        succ = run.succ[i]
+        done = run.done_turns == len(run.program.turns)
+        branches = pcb.branch_ids
+        if turn.finishes_branch or done:
+            branches = tuple(b for b in branches if b != turn.branch_id)
+        assert req.t_prefill_start is not None
+        in_flight = pcb.calls_in_flight - 1
+        write_pcb(
+            pcb,
+            turns_completed=pcb.turns_completed + 1,
+            attained_service_s=pcb.attained_service_s + (now - req.t_prefill_start),
+            last_decode_node=req.decode_node,
+            kv_node=req.decode_node,
+            context_tokens=req.t_in + req.t_out,
+            # The output names the requested tool; how long it will run stays hidden.
+            tool_name=run.program.turns[succ[0]].tool if succ else None,
+            tool_started_s=now,
+            calls_in_flight=in_flight,
+            in_tool=in_flight == 0 and not done,
+            last_completion_s=now,
+            branch_ids=branches,
+            branch_id=turn.branch_id,
+            preemptions=run.preemptions,
+        )
+        if not self.planes:
+            return
+        dnode = self.nodes[req.decode_node]
+        if dnode.unified:
+            dnode.l1.touch(req.path, now)  # freed KV is the most recently used (vLLM)
+            dnode.pool_release(req)
+        path = list(self._with_output(run, i).hashes)
+        nodes = (
+            (req.decode_node,)
+            if req.decode_node == req.prefill_node
+            else (req.prefill_node, req.decode_node)
+        )
+        run.kv_paths[turn.branch_id] = (nodes, path)
+        resident = dnode.prefix_blocks(dnode.l2, path)
+        write_pcb(pcb, kv_resident=resident == len(path), kv_resident_tokens=resident * self.bt)
+        if self.retention is not None and not done:
+            decision = self._retention_hook("on_turn_complete", pcb, req.request_id, dnode.id)
+            if decision is not None:
+                self._retain(run, nodes, path, decision)
+
+    # ---- the unified KV pool: allocation as tokens are generated, preemption --------------
+    def _reserve_epoch(self, node: SimNode, k: int) -> int:
+        """Reserve KV for up to k decode iterations of the batch, preempting the running call
+        with the largest q (then latest release) while not even one iteration fits."""
+        l1 = node.l1
+        t_acc = self.profile.t_acc
+        while True:
+            b = len(node.decode_batch)
+            fit = int(l1.reservable_tokens // (b * t_acc))  # type: ignore[attr-defined]
+            if fit >= 1 or b == 1:
+                break
+            self._preempt(node, max(node.decode_batch, key=SimRequest.sort_key))
+        k = max(1, min(k, fit, min(r.decode_left for r in node.decode_batch)))
+        tokens = math.ceil(k * b * t_acc)
+        evicted = l1.reserve(tokens, force=True)  # type: ignore[attr-defined]
+        if evicted:
+            self._evicted(node, "gpu", evicted, self.now)
+        node.epoch_reserved = tokens
+        return k
+
+    def _preempt(self, node: SimNode, req: SimRequest) -> None:
+        """Recompute preemption (vLLM): the call frees its KV and waits to be re-prefilled
+        (prompt plus the tokens generated so far), then resumes decoding."""
+        node.decode_batch.remove(req)
+        node.pool_release(req)
+        req.recompute = True
+        req.done_uc = 0
+        req.fetch_ready_t = self.now
+        req.preemptions += 1
+        run = req.run
+        run.preemptions += 1
+        self.preemptions += 1
+        write_pcb(run.pcb, preemptions=run.preemptions)
+        self.decode_population -= 1
+        self.cp.stats.record_decode_load(self.now, self.decode_population)
+        self._queue_insert(node, req, front=True)
+
+    def _settle_epoch(self, node: SimNode, batch: list[SimRequest], n_it: int) -> None:
+        """The epoch's reservation becomes the generated tokens of its calls."""
+        l1 = node.l1
+        l1.unreserve(node.epoch_reserved)  # type: ignore[attr-defined]
+        node.epoch_reserved = 0
+        bt = self.bt
+        t_acc = self.profile.t_acc
+        grow = 0
+        for r in batch:
+            r.generated = min(r.generated + n_it * t_acc, float(r.t_out))
+            want = r.t_in - len(r.path) * bt + math.ceil(r.generated)
+            if want > r.kv_private:
+                grow += want - r.kv_private
+                r.kv_private = want
+        evicted = l1.reserve(grow, force=True)  # type: ignore[attr-defined]
+        if evicted:
+            self._evicted(node, "gpu", evicted, self.now)
+
     # ---- KV tiers and events -----------------------------------------------------------
     def _store(
         self, node: SimNode, path: list[int], host_from: int, gpu_from: int | None, t: float
@@ -524,6 +937,11 @@ class Simulator:
         """
         d = self.cp.directory
         bt = self.bt
+        if node.unified:
+            self._store_pool(
+                node, path, host_from if gpu_from is None else min(host_from, gpu_from), t
+            )
+            return
         if host_from < len(path):
             hashes = path[host_from:]
             entries = node.l2.entries
@@ -545,9 +963,26 @@ class Simulator:
                 d.store(node.id, new_gpu, path[gpu_from - 1] if gpu_from else 0, "gpu", t, bt)
                 self._kv_rows(node.id, "gpu", "stored", new_gpu, t)
 
+    def _store_pool(self, node: SimNode, path: list[int], start: int, t: float) -> None:
+        """Unified pool: the blocks enter the GPU pool only (there is no host tier)."""
+        if start >= len(path):
+            return
+        hashes = path[start:]
+        entries = node.l1.entries
+        fresh = [h for h in hashes if h not in entries]
+        evicted = node.l1.insert(hashes, self.bt, t, start)
+        if evicted:
+            self._evicted(node, "gpu", evicted, t)
+        stored = [h for h in fresh if h in entries]
+        if stored:
+            self.cp.directory.store(
+                node.id, stored, path[start - 1] if start else 0, "gpu", t, self.bt
+            )
+            self._kv_rows(node.id, "gpu", "stored", stored, t)
+
     def _evicted(self, node: SimNode, tier: str, evicted: list[Evicted], t: float) -> None:
         d = self.cp.directory
-        policy = node.l2.policy.name if tier == "host" else "lru"
+        policy = node.l2.policy.name if tier == "host" else node.l1.policy.name
         out = self.out
         for ev in evicted:
             out.row(
@@ -624,6 +1059,13 @@ class Simulator:
         if node.prefilling:
             return True
         now = self.now
+        if node.unified:
+            # Only if the first ready call (in priority order) gets memory; else decode
+            # runs on and frees it.
+            for r in node.queue:
+                if r.fetch_ready_t <= now:
+                    return node.pool_fits(r, self.bt)
+            return False
         return any(r.fetch_ready_t <= now for r in node.queue)
 
     def _schedule(self, node: SimNode) -> None:
@@ -654,11 +1096,21 @@ class Simulator:
                 remaining_s,
                 len(node.decode_batch) if node.phase == "decode" else len(node.prefilling),
                 None,
-                node.decode_kv_tokens if node.phase == "decode" else node.l1.used_tokens,
-                node.l1.capacity_tokens,
-                node.l2.used_tokens,
-                node.l2.capacity_tokens,
+                *self._kv_report(node),
             )
+        )
+
+    @staticmethod
+    def _kv_report(node: SimNode) -> tuple[int, int, int, int]:
+        """(gpu used, gpu capacity, host used, host capacity) for the node's report."""
+        if node.unified:
+            l1 = node.l1
+            return (l1.used_tokens + l1.reserved_tokens, l1.pool_tokens, 0, 0)  # type: ignore[attr-defined]
+        return (
+            node.decode_kv_tokens if node.phase == "decode" else node.l1.used_tokens,
+            node.l1.capacity_tokens,
+            node.l2.used_tokens,
+            node.l2.capacity_tokens,
         )
 
     def _noise(self, n: int | None = None) -> Any:
@@ -684,16 +1136,22 @@ class Simulator:
                 self.now,
             )
         local = node.prefix_blocks(node.l2, req.path)
-        gpu = node.prefix_blocks(node.l1, req.path)
+        gpu = local if node.unified else node.prefix_blocks(node.l1, req.path)
         t_c = min(local * bt, max(req.t_in - 1, 0))
         req.t_c = t_c
         req.t_uc = req.t_in - t_c
         req.t_rst = min(max(local - gpu, 0) * bt, t_c)
         req.gpu_blocks = gpu
-        req.t_prefill_start = self.now
         if local:
             node.l2.touch(req.path[:local], self.now)
             node.l1.touch(req.path[:gpu], self.now)
+        if req.recompute:
+            # Re-prefill after preemption: the tokens generated so far are recomputed too;
+            # the call keeps its first start, its decode binding and its queueing record.
+            req.t_uc += math.ceil(req.generated)
+            return exposed
+        req.t_prefill_start = self.now
+        write_pcb(req.run.pcb, last_prefill_node=node.id)
         if req.measured:
             self.queue_wait[node.id].append(self.now - req.t_routed)
         rr = RouteRequest(req.request_id, req.program, req.branch_id, req.path, req.t_in, self.now)
@@ -717,10 +1175,19 @@ class Simulator:
             budget -= take
         if budget > 0 and node.queue:
             keep: list[SimRequest] = []
+            blocked = False  # unified pool: a call that does not fit stops admission (vLLM)
             for req in node.queue:
-                if budget <= 0 or req.fetch_ready_t > now:
+                if budget <= 0 or req.fetch_ready_t > now or blocked:
                     keep.append(req)
                     continue
+                if node.unified:
+                    evicted = node.pool_admit(req, self.bt)
+                    if evicted is None:
+                        blocked = True
+                        keep.append(req)
+                        continue
+                    if evicted:
+                        self._evicted(node, "gpu", evicted, now)
                 exposed += self._begin_request(node, req)
                 take = min(req.t_uc, budget)
                 ctx = req.t_c
@@ -798,9 +1265,17 @@ class Simulator:
         now = self.now
         bt = self.bt
         start = req.t_c // bt
+        if node.unified:
+            node.pool_prefilled(req, bt)
         # The restored prefix was loaded into GPU memory; the new blocks go to both tiers.
         self._store(node, req.path, start, req.gpu_blocks, now)
         self.ideal.update(req.path[start:])
+        if node.unified:
+            node.pool_pin_path(req)
+        if req.recompute:
+            req.recompute = False
+            self._join(node, req)  # resumes decoding where the preemption left it
+            return
         req.t_first_token = now
         rr = RouteRequest(req.request_id, req.program, req.branch_id, req.path, req.t_in, now)
         self.cp.on_prefill_done(rr, node.id, now)
@@ -836,6 +1311,14 @@ class Simulator:
     def _admit_joins(self, node: SimNode) -> None:
         if not node.join_queue:
             return
+        if not self.fifo:
+            node.join_queue.sort(key=SimRequest.sort_key)
+        if node.unified:
+            # The KV is already allocated (prompt at prefill, tokens as they are generated).
+            room = self.profile.max_decode_batch - len(node.decode_batch)
+            node.decode_batch.extend(node.join_queue[:room])
+            node.join_queue = node.join_queue[room:]
+            return
         cap = node.l1.capacity_tokens
         used = node.decode_kv_tokens
         keep = []
@@ -852,10 +1335,12 @@ class Simulator:
         node.join_queue = keep
 
     def _start_epoch(self, node: SimNode) -> None:
+        k = min(r.decode_left for r in node.decode_batch)
+        k = max(1, min(k, 1024))
+        if node.unified:
+            k = self._reserve_epoch(node, min(k, 256))
         batch = list(node.decode_batch)
         b = len(batch)
-        k = min(r.decode_left for r in batch)
-        k = max(1, min(k, 1024))
         t_acc = self.profile.t_acc
         ctx0 = float(sum(r.t_in + (r.t_out - 1 - r.decode_left * t_acc) for r in batch))
         ctx = ctx0 + np.arange(k) * b * t_acc
@@ -904,6 +1389,8 @@ class Simulator:
             self._fit_decode[node.id].append(np.column_stack([np.full(n_it, b), durs]))
         node.decode_iter += n_it
         node.epoch = None
+        if node.unified:
+            self._settle_epoch(node, e.batch, n_it)
         still = []
         finished = []
         for r in e.batch:  # the batch only changes at epoch boundaries
@@ -911,7 +1398,8 @@ class Simulator:
             (finished if r.decode_left <= 0 else still).append(r)
         node.decode_batch = still
         for r in finished:
-            node.decode_kv -= r.t_in + r.t_out
+            if not node.unified:
+                node.decode_kv -= r.t_in + r.t_out
             self._complete(r)
         self._schedule(node)
 
@@ -956,6 +1444,7 @@ class Simulator:
         run.out_node[i] = req.decode_node
         run.done_turns += 1
         turn = run.program.turns[i]
+        self._planes_complete(run, req, turn)
         if turn.finishes_branch:
             self.cp.on_branch_finish(turn.branch_id, now)
         for j in run.succ[i]:
