@@ -216,7 +216,7 @@ class SGLangCluster(LiveCluster):
         self.engines: dict[int, EngineState] = {}
         self.switch_log: list[SwitchRecord] = []
         self.run_start_wall = time.time()
-        self.latency = _Latency(self.live.latency_window_sim_s)
+        self.request_latency = _Latency(self.live.latency_window_sim_s)
         self.cp: ControlPlane = None  # type: ignore[assignment]  # set by start()
         self.proxy: PDProxy = None  # type: ignore[assignment]
         self.switcher = RoleSwitcher(self)
@@ -290,7 +290,7 @@ class SGLangCluster(LiveCluster):
         if self.db_path is not None:
             from telemetry import TelemetryWriter
 
-            config_json = {
+            config_json: dict[str, Any] = {
                 "cluster": dataclasses.asdict(s) | {"block_tokens": block_tokens},
                 "engines": [dataclasses.asdict(e) for e in cfg.engines],
                 "cluster_file": cfg.source,
@@ -434,7 +434,7 @@ class SGLangCluster(LiveCluster):
             "run_id": self.run_id,
             "seconds": self.now(),
             "requests": p.num_requests,
-            "completed": self.latency.completed,
+            "completed": self.request_latency.completed,
             "errors": p.num_errors,
             "retries": p.num_retries,
             "switches": self.cp.num_switches,
@@ -520,12 +520,25 @@ class SGLangCluster(LiveCluster):
                 )
             )
 
+    def record_decode_load(self) -> None:
+        """The planner's decode load q: requests decoding now (first token seen, not done)."""
+        with self.lock:
+            # A request may sit in two nodes' maps (prefill until done, decode): count it once.
+            q = len(
+                {
+                    r.request_id
+                    for reqs in self.proxy.inflight.values()
+                    for r in reqs.values()
+                    if r.t_first_token is not None
+                }
+            )
+            self.cp.stats.record_decode_load(self.now(), float(q))
+
     def record_request(self, rec: LiveRequest) -> None:
         """One `requests` row; the rolling latency; the decode load q of the planner."""
         with self.lock:
-            self.latency.add(rec)
-            q = sum(self.proxy.decode_running(n) for n in self.engines)
-            self.cp.stats.record_decode_load(self.now(), float(q))
+            self.request_latency.add(rec)
+            self.record_decode_load()
             if self.sink is None:
                 return
             self.sink.emit(
@@ -621,7 +634,7 @@ class SGLangCluster(LiveCluster):
     def _sample(self) -> None:
         with self.lock:
             now = self.now()
-            lat = self.latency.stats(now, self._in_flight())
+            lat = self.request_latency.stats(now, self._in_flight())
             p, d = self.cp.split()
             self.timeline.append(
                 (
@@ -740,8 +753,8 @@ class SGLangCluster(LiveCluster):
                 "collocated": cp.collocated,
                 "split": {"prefill": p, "decode": d},
                 "nodes": [self.node_state(n) for n in sorted(self.engines)],
-                "latency": self.latency.stats(now, self._in_flight()),
-                "requests_completed": self.latency.completed,
+                "latency": self.request_latency.stats(now, self._in_flight()),
+                "requests_completed": self.request_latency.completed,
                 "requests_failed": self.proxy.num_errors,
                 "retries": self.proxy.num_retries,
                 "switches": cp.num_switches,

@@ -24,7 +24,8 @@ An HTTP proxy in front of SGLang prefill and decode servers for /generate,
    decode (`on_transfer_done`, at the first decode token), request done (`on_request_done`
    with t_c from the engine's cached_tokens), one `requests` row per request.
 
-`POST /v1/branches/{id}/finish` ends a branch (releases its counts, Alg. E.2). The proxy's
+Answers carry X-PD-Request-Id, X-PD-Prefill-Node, X-PD-Decode-Node, X-PD-Bootstrap-Room
+and X-PD-Attempts. `POST /v1/branches/{id}/finish` ends a branch (releases its counts, Alg. E.2). The proxy's
 own accounting of requests in flight per engine is what the phase switch drains and what
 the node reports carry as queues. `GET /health` answers 200 while at least one prefill and
 one decode engine are available.
@@ -93,6 +94,8 @@ class ProxyHost(Protocol):
     def refresh_report(self, node: int) -> None: ...
 
     def record_request(self, rec: LiveRequest) -> None: ...
+
+    def record_decode_load(self) -> None: ...
 
 
 class Branch(NamedTuple):
@@ -627,6 +630,7 @@ class PDProxy:
             rec.t_first_token = now
             assert rec.decode_node is not None
             cp.on_transfer_done(rec.branch_id, rec.decode_node, now)
+            host.record_decode_load()
 
     async def _respond(self, rec: LiveRequest, c: _Committed) -> Response:
         headers = {

@@ -240,6 +240,21 @@ def test_pdlab_serve_sglang_serves_a_cluster_file(tmp_path, until) -> None:  # t
             timeout=10,
         )
         assert r.status_code == 409 and "last available prefill node" in r.json()["detail"]
+        metrics = httpx.get(f"{url}/metrics", timeout=10).text
+        assert 'pdlab_split_nodes{phase="prefill"} 1.0' in metrics
+        assert "pdlab_requests_completed_total 1.0" in metrics
+        planner = httpx.get(f"{url}/v1/planner", timeout=10).json()
+        assert planner["name"] == "static" and planner["mode"] == "advise"
+        r = httpx.post(f"{url}/v1/planner/apply", headers={"Authorization": "Bearer t0k"})
+        assert r.status_code == 409  # a static planner never recommends a split
+        r = httpx.put(
+            f"{url}/v1/router",
+            json={"policy": "cache-aware"},
+            headers={"Authorization": "Bearer t0k"},
+            timeout=10,
+        )
+        assert r.status_code == 200 and r.json()["policy"] == "cache-aware"
+        assert httpx.post(f"{url}/v1/chat/completions", json=chat, timeout=20).status_code == 200
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGINT)
@@ -249,7 +264,8 @@ def test_pdlab_serve_sglang_serves_a_cluster_file(tmp_path, until) -> None:  # t
     assert rc == 0, proc.stderr.read() if proc.stderr else ""
     reader = open_reader(db)
     assert reader.table("runs")["source"].to_list() == ["sglang"]
-    assert reader.table("requests").height == 1
+    assert reader.table("requests").height == 2
+    assert reader.table("router_decisions")["policy"].to_list() == ["ttft", "cache-aware"]
 
 
 def test_pdlab_serve_sglang_reports_an_unreachable_engine(tmp_path) -> None:  # type: ignore[no-untyped-def]
