@@ -24,7 +24,6 @@ Profiles:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,9 +39,10 @@ _NS = 1e-9
 
 
 def data_dir() -> Path:
-    """`$PDLAB_DATA_DIR`, else `<project root>/../shared/data`."""
-    env = os.environ.get(DATA_ENV)
-    return Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared" / "data"
+    """`$PDLAB_DATA_DIR`, else `<project root>/../shared/data`, else the bundled trimmed copy."""
+    from cluster.workloads.traces import data_dir as shared_data_dir
+
+    return shared_data_dir()
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -67,9 +67,14 @@ def project_root() -> Path:
 
 
 def data_dir() -> Path:
-    """Real data: $PDLAB_DATA_DIR, else <project root>/../shared/data."""
+    """Real data: $PDLAB_DATA_DIR, else <project root>/../shared/data, else the trimmed
+    copies bundled in tests/fixtures (a clean clone without the shared directory)."""
     env = os.environ.get("PDLAB_DATA_DIR")
-    return Path(env) if env else project_root().parent / "shared" / "data"
+    if env:
+        return Path(env)
+    shared = project_root().parent / "shared" / "data"
+    bundled = project_root() / "tests" / "fixtures"
+    return shared if shared.is_dir() or not bundled.is_dir() else bundled
 
 
 def resolve_trace_path(spec: str | os.PathLike[str]) -> Path:
