@@ -113,7 +113,8 @@ def summarize(sim: Simulator) -> dict[str, Any]:
         "mean_jct_s": _mean(jct),
         "p50_jct_s": _pct(jct, 50),
         "p99_jct_s": _pct(jct, 99),
-        "preemptions": int(sum(row[3] for row in progs)),
+        "preemptions": int(sum(row[3] for row in progs)),  # of the measured programs
+        "preemptions_total": int(sim.preemptions),  # every preemption of the run
         "p99_ttft_s": _pct(ttft, 99),
         "mean_tpot_s": _mean(tpot),
         "p99_tpot_s": _pct(tpot, 99),
