@@ -241,7 +241,7 @@ class BranchTable:
                 f"counts differ from a recount (expected, actual): {dict(list(diff.items())[:5])}"
             )
         for st in self.branches.values():
-            per_phase: dict[str, int] = {}
+            per_phase: dict[Phase, int] = {}
             for n in st.counted:
                 if st.placed_epoch.get(n, -1) != self._epoch.get(n, 0):
                     continue  # the node switched phase since the placement

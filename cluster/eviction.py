@@ -222,11 +222,11 @@ class TierCache:
         entries = self.entries
         while freed < need_tokens and heap:
             item = heapq.heappop(heap)
-            h = item[-1]
-            e = entries.get(h)  # type: ignore[arg-type]
+            h = int(item[-1])  # type: ignore[call-overload]
+            e = entries.get(h)
             if e is None or e.stamp != item[-2]:
                 continue  # stale
-            current = self._key(h, e)  # type: ignore[arg-type]
+            current = self._key(h, e)
             if current > item[:-2]:
                 self._stamp += 1
                 e.stamp = self._stamp
@@ -235,11 +235,10 @@ class TierCache:
             if e.pins:
                 e.stamp = 0  # out of the heap while pinned; `unpin` puts it back
                 continue
-            del entries[h]  # type: ignore[arg-type]
+            del entries[h]
             self.used_tokens -= e.tokens
             freed += e.tokens
-            count = self.count_of(h)  # type: ignore[arg-type]
-            out.append(Evicted(h, e.tokens, count, e.access))  # type: ignore[arg-type]
+            out.append(Evicted(h, e.tokens, self.count_of(h), e.access))
         return out
 
     def check_invariants(self) -> None:

@@ -215,7 +215,7 @@ def candidate_split(
     return sorted(P), sorted(D), tuple(moves)
 
 
-@PLANNERS.register("gain")
+@PLANNERS.register("gain")  # type: ignore[arg-type]
 class GainPlanner:
     name = "gain"
 

@@ -21,7 +21,7 @@ FloatArray = npt.NDArray[np.float64]
 
 def phi(
     batch_size: float | FloatArray, top_k: int, num_experts: int, t_fwd: float | FloatArray = 1.0
-):  # type: ignore[no-untyped-def]
+):  # type: ignore[no-untyped-def,unused-ignore]
     """Expected fraction of routed experts that t_fwd*B tokens select (App. B.3)."""
     if num_experts <= 0:
         return (
@@ -109,7 +109,7 @@ class DecodeModel:
     def coef(self) -> tuple[float, float, float]:
         return (self.d0, self.d1, self.d2)
 
-    def phi(self, batch_size: float | FloatArray, t_fwd: float | FloatArray | None = None):  # type: ignore[no-untyped-def]
+    def phi(self, batch_size: float | FloatArray, t_fwd: float | FloatArray | None = None):  # type: ignore[no-untyped-def,unused-ignore]
         return phi(batch_size, self.top_k, self.num_experts, self.t_fwd if t_fwd is None else t_fwd)
 
     def iteration_time(self, batch_size: float, t_fwd: float | None = None) -> float:

@@ -20,7 +20,7 @@ FloatArray = npt.NDArray[np.float64]
 def attn_pairs(t_uc: float, t_c: float) -> float: ...
 @overload
 def attn_pairs(t_uc: FloatArray, t_c: FloatArray | float) -> FloatArray: ...
-def attn_pairs(t_uc, t_c):  # type: ignore[no-untyped-def]
+def attn_pairs(t_uc, t_c):  # type: ignore[no-untyped-def,unused-ignore]
     """A = t_uc * t_c + t_uc * (t_uc + 1) / 2 (causal attention of t_uc new tokens)."""
     if isinstance(t_uc, np.ndarray) or isinstance(t_c, np.ndarray):
         uc = np.asarray(t_uc, dtype=np.float64)

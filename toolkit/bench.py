@@ -27,7 +27,8 @@ def register_suite(name: str, target: str) -> None:
 
 def _load(target: str) -> Callable[[bool], dict[str, Any]]:
     module, _, func = target.partition(":")
-    return getattr(importlib.import_module(module), func)  # type: ignore[no-any-return]
+    fn: Callable[[bool], dict[str, Any]] = getattr(importlib.import_module(module), func)
+    return fn
 
 
 def run_benchmarks(suites: Iterable[str] | None = None, quick: bool = False) -> dict[str, Any]:

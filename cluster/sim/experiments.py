@@ -43,7 +43,9 @@ def _run(cfg: SimConfig) -> dict[str, Any]:
 
 def _base(quick: bool, **kw: Any) -> SimConfig:
     dur, warm = (1500.0, 300.0) if quick else (3600.0, 600.0)
-    params = dict(nodes=9, duration_s=dur, warmup_s=warm, telemetry="compact", seed=0)
+    params: dict[str, Any] = dict(
+        nodes=9, duration_s=dur, warmup_s=warm, telemetry="compact", seed=0
+    )
     params.update(kw)
     return SimConfig(**params)
 
@@ -65,7 +67,7 @@ def configs(name: str, quick: bool = False) -> list[SimConfig]:
                 planner="static",
                 eviction=e,
                 **pressure,
-            )  # type: ignore[arg-type]
+            )
             for e in ("branch", "lru")
         ]
     if name == "routing":
@@ -121,8 +123,8 @@ def configs(name: str, quick: bool = False) -> list[SimConfig]:
             duration_s=5400.0 if quick else 10800.0 + 1800.0,
             warmup_s=600.0 if quick else 1800.0,
         )
-        out = [_base(quick, split="3P6D", planner="gain", **kw)]  # type: ignore[arg-type]
-        out += [_base(quick, split=sp, planner="static", **kw) for sp in _splits()]  # type: ignore[arg-type]
+        out = [_base(quick, split="3P6D", planner="gain", **kw)]
+        out += [_base(quick, split=sp, planner="static", **kw) for sp in _splits()]
         return out
     raise ConfigError(f"unknown experiment {name!r}; choose one of: {', '.join(EXPERIMENTS)}")
 
@@ -176,20 +178,19 @@ def verdict(name: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
                 "switches": g["switches"],
             }
             ok &= abs(p_final - p_best) <= 1
-        e2e = [g["mean_e2e_s"] for g in gain]
+        e2e: list[float] = [g["mean_e2e_s"] for g in gain]
         out["e2e_spread_between_starts"] = (max(e2e) - min(e2e)) / min(e2e)
         out["within_one_node_of_best"] = ok
         return out
     if name == "shift":
-        gain = _by(rows, planner="gain")[0]
-        static = _by(rows, planner="static")
-        best = max(static, key=lambda r: r["throughput_rps"])
+        shift_gain = _by(rows, planner="gain")[0]
+        best_tp = max(_by(rows, planner="static"), key=lambda r: r["throughput_rps"])
         return {
-            "gain_throughput_rps": gain["throughput_rps"],
-            "best_static": best["initial_split"],
-            "best_static_throughput_rps": best["throughput_rps"],
-            "gain_at_least_best_static": gain["throughput_rps"] >= best["throughput_rps"],
-            "gain_switches": gain["switches"],
+            "gain_throughput_rps": shift_gain["throughput_rps"],
+            "best_static": best_tp["initial_split"],
+            "best_static_throughput_rps": best_tp["throughput_rps"],
+            "gain_at_least_best_static": shift_gain["throughput_rps"] >= best_tp["throughput_rps"],
+            "gain_switches": shift_gain["switches"],
         }
     raise ConfigError(f"unknown experiment {name!r}")
 

@@ -79,7 +79,7 @@ def _run_partition(args: tuple[SimConfig, int, str | None, str | None]) -> dict[
         summary["run_id"] = writer.run_id
     done = [r for r in sim.requests if r.t_done is not None and r.measured]
     summary["_ttft"] = [r.t_first_token - r.t_arrival for r in done if r.t_first_token is not None]
-    summary["_e2e"] = [r.t_done - r.t_arrival for r in done]
+    summary["_e2e"] = [r.t_done - r.t_arrival for r in done if r.t_done is not None]
     started = [r for r in sim.requests if r.t_prefill_start is not None and r.measured]
     summary["_kv"] = (
         sum(r.t_in for r in started),
