@@ -107,24 +107,20 @@ def configs(name: str, quick: bool = False) -> list[SimConfig]:
                 )
         return out
     if name == "planner":
-        out = [
-            _base(quick, workload="cc", agents=126, split=sp, planner="gain")
-            for sp in ("6P3D", "3P6D")
-        ]
-        out += [
-            _base(quick, workload="cc", agents=126, split=sp, planner="static") for sp in _splits()
-        ]
+        out = [_base(quick, workload="cc", agents=126, split=sp, planner="gain") for sp in ("6P3D", "3P6D")]
+        statics = ["2P7D", "3P6D", "4P5D", "5P4D", "6P3D"] if quick else _splits()
+        out += [_base(quick, workload="cc", agents=126, split=sp, planner="static") for sp in statics]
         return out
     if name == "shift":
-        kw = dict(
-            workload="shift",
-            agents=288,
-            profile="gb300-kimi",
-            duration_s=5400.0 if quick else 10800.0 + 1800.0,
-            warmup_s=600.0 if quick else 1800.0,
-        )
+        # Paper 000 §6.3: 288 Putnam, then 144 Putnam + 72 OSWorld, then 144 OSWorld agents,
+        # an hour each after a 30-minute warmup (quick: 20 minutes each after 10).
+        kw: dict[str, Any] = dict(
+            workload="shift", agents=288, profile="gb300-kimi",
+            duration_s=4200.0 if quick else 12600.0, warmup_s=600.0 if quick else 1800.0,
+        )  # fmt: skip
+        statics = ["3P6D", "4P5D", "5P4D", "6P3D", "7P2D"] if quick else _splits()
         out = [_base(quick, split="3P6D", planner="gain", **kw)]
-        out += [_base(quick, split=sp, planner="static", **kw) for sp in _splits()]
+        out += [_base(quick, split=sp, planner="static", **kw) for sp in statics]
         return out
     raise ConfigError(f"unknown experiment {name!r}; choose one of: {', '.join(EXPERIMENTS)}")
 
