@@ -125,8 +125,9 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> None:
 
 def run(a: argparse.Namespace) -> dict[str, Any]:
     from cluster.sglang.agent_client import TokenMap, play_programs
-    from cluster.sglang.backend import ServerThread, SGLangCluster, create_sglang_app
+    from cluster.sglang.backend import SGLangCluster
     from cluster.sglang.cluster_file import ClusterConfig, ClusterSettings, EngineSpec
+    from cluster.sglang.serving import ServerThread, create_sglang_app
     from cluster.workloads import make_workload
     from telemetry import open_reader
     from toolkit.fitting import fit_run

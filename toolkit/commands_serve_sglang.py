@@ -34,7 +34,8 @@ def serve_sglang(
     """Discover the engines, then serve until Ctrl-C / SIGTERM (the run is closed on exit)."""
     import uvicorn
 
-    from cluster.sglang.backend import SGLangCluster, create_sglang_app
+    from cluster.sglang.backend import SGLangCluster
+    from cluster.sglang.serving import create_sglang_app
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

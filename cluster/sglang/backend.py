@@ -12,7 +12,7 @@ are carried out by `role_switch.RoleSwitcher`.
 same REST API (SPEC §6) over it: the control-plane handlers (planner, router, branches,
 directory, manual switches) are inherited unchanged and read `self.sim`, here a small view
 (`_PlaneView`) with the control plane, the clock and the node ids; everything that touched
-the simulator (start/stop, node state, health, timeline) is overridden. `create_sglang_app`
+the simulator (start/stop, node state, health, timeline) is overridden. `serving.create_sglang_app`
 adds the data-plane routes to that app.
 
 Threads: the uvicorn loop (proxy and REST handlers), one SUB thread per collector, the
@@ -25,107 +25,34 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import socket
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
-from fastapi import Request
-from fastapi.responses import JSONResponse
 
 from cluster.control_plane import ControlPlane, ControlPlaneConfig
 from cluster.core import ConfigError, KVEvent, Phase
 from cluster.planning import SwitchMode
 from cluster.server.live import LiveCluster, LiveConfig, NotFoundError, UnavailableError
 from cluster.sglang.cluster_file import ClusterConfig, EngineSpec, load_cluster_config
+from cluster.sglang.engine_state import (
+    EngineState,
+    LockedSink,
+    RestartAwareKVCollector,
+    RollingLatency,
+)
 from cluster.sglang.forward_metrics import ForwardMetricsCollector
 from cluster.sglang.fpm import DecodeRow, ForwardPassMetrics, PrefillRow
-from cluster.sglang.kv_collector import KVEventCollector
+from cluster.sglang.online_fit import OnlineFitter
 from cluster.sglang.proxy import LiveRequest, PDProxy
 from cluster.sglang.role_switch import RoleSwitcher, SwitchRecord
-from cluster.sglang.tokens import ROUTES
 from cluster.state import NodeReport
 
 log = logging.getLogger(__name__)
-
-
-class LockedSink:
-    """Serializes emits of many threads into one (not thread-safe) telemetry writer.
-
-    A rejected batch is logged with the writer's message and counted (`errors`); it never
-    fails a client request or stops a collector. Rows already accepted stay accepted.
-    """
-
-    def __init__(self, writer: Any) -> None:
-        self.writer = writer
-        self.lock = threading.Lock()
-        self.errors = 0
-        self.last_error: str | None = None
-
-    def emit(self, table: str, columns: Mapping[str, Sequence[Any]]) -> None:
-        with self.lock:
-            try:
-                self.writer.emit(table, columns)
-            except Exception as e:
-                self.errors += 1
-                self.last_error = f"{table}: {e}"
-                log.error("telemetry batch for %s rejected: %s", table, e)
-
-    def flush(self) -> None:
-        with self.lock:
-            self.writer.flush()
-
-    def close(self) -> None:
-        with self.lock:
-            self.writer.close()
-
-
-class _NodeKVCollector(KVEventCollector):
-    """A KV collector that tells its cluster when the engine's publisher restarted.
-
-    SGLang numbers batches from 0 when the scheduler starts, and a restarted engine starts
-    with an empty cache without publishing AllBlocksCleared: the node's directory entries
-    are stale from that moment. The first message of a new epoch (seq <= last, including
-    the new epoch's head recovered by replay) clears them before its events apply.
-    """
-
-    def __init__(self, endpoint: str, *, on_restart: Any, **kw: Any) -> None:
-        super().__init__(endpoint, **kw)
-        self._on_restart = on_restart
-        self._last: int | None = None
-
-    def _on_message(self, seq: int, payload: bytes, recovered: bool) -> None:
-        if self._last is not None and seq <= self._last:
-            self._on_restart(self.node_id, self._last, seq)
-        self._last = seq
-        super()._on_message(seq, payload, recovered)
-
-
-@dataclasses.dataclass(slots=True)
-class EngineState:
-    """What the cluster tracks per engine besides the control plane's view."""
-
-    spec: EngineSpec
-    up: bool = True
-    failures: int = 0
-    last_error: str | None = None
-    kv: KVEventCollector | None = None
-    fpm: ForwardMetricsCollector | None = None
-    fpm_t: float | None = None
-    running: int = 0  # requests in the engine's last forward pass
-    decode_kv_tokens: int = 0
-    prefill_iterations: int = 0
-    decode_iterations: int = 0
-    restarts_seen: int = 0
-    last_switch: SwitchRecord | None = None
-    relaunching: bool = False
 
 
 class _PlaneView:
@@ -149,40 +76,6 @@ class _PlaneView:
     @property
     def node_ids(self) -> list[int]:
         return sorted(self._c.engines)
-
-
-class _Latency:
-    """Rolling TTFT / E2E of the requests finished in the last `window_s` seconds."""
-
-    def __init__(self, window_s: float) -> None:
-        self.window_s = window_s
-        self.done: deque[tuple[float, float, float]] = deque()
-        self.completed = 0
-
-    def add(self, rec: LiveRequest) -> None:
-        if rec.t_done is None:
-            return
-        first = rec.t_first_token if rec.t_first_token is not None else rec.t_done
-        self.done.append((rec.t_done, first - rec.t_arrival, rec.t_done - rec.t_arrival))
-        self.completed += 1
-
-    def stats(self, now: float, in_flight: int) -> dict[str, Any]:
-        while self.done and self.done[0][0] < now - self.window_s:
-            self.done.popleft()
-        rows = np.array(self.done, dtype=np.float64).reshape(-1, 3)
-        span = min(self.window_s, now) if now > 0 else self.window_s
-        out: dict[str, Any] = {
-            "window_s": self.window_s,
-            "requests": int(rows.shape[0]),
-            "in_flight": in_flight,
-            "throughput_rps": rows.shape[0] / span if span > 0 else None,
-        }
-        for name, col in (("ttft", 1), ("e2e", 2)):
-            v = rows[:, col]
-            for key, q in (("p50", 50), ("p95", 95)):
-                out[f"{name}_{key}_s"] = float(np.percentile(v, q)) if v.size else None
-            out[f"{name}_mean_s"] = float(v.mean()) if v.size else None
-        return out
 
 
 class SGLangCluster(LiveCluster):
@@ -216,7 +109,7 @@ class SGLangCluster(LiveCluster):
         self.engines: dict[int, EngineState] = {}
         self.switch_log: list[SwitchRecord] = []
         self.run_start_wall = time.time()
-        self.request_latency = _Latency(self.live.latency_window_sim_s)
+        self.request_latency = RollingLatency(self.live.latency_window_sim_s)
         self.cp: ControlPlane = None  # type: ignore[assignment]  # set by start()
         self.proxy: PDProxy = None  # type: ignore[assignment]
         self.switcher = RoleSwitcher(self)
@@ -334,6 +227,9 @@ class SGLangCluster(LiveCluster):
             self._lock = self.cp.lock
             self.engines = {e.node_id: EngineState(e) for e in cfg.engines}
             self.proxy = PDProxy(self)
+            self.fitter = OnlineFitter(
+                s.moe_top_k if s.moe_experts else 0, s.moe_experts, min_rows=s.refit_min_rows
+            )
             self.split_timeline.append((0.0, *self.cp.split()))
             for n in self.engines:
                 self._start_collectors(n)
@@ -360,7 +256,7 @@ class SGLangCluster(LiveCluster):
         st = self.engines[node]
         spec = st.spec
         if spec.kv_events:
-            st.kv = _NodeKVCollector(
+            st.kv = RestartAwareKVCollector(
                 spec.kv_events,
                 on_restart=self._on_publisher_restart,
                 node_id=node,
@@ -480,11 +376,13 @@ class SGLangCluster(LiveCluster):
                 st.running = s.num_prefill_requests + s.num_decode_requests
                 if prefill is not None:
                     st.prefill_iterations += 1
+                    self.fitter.add_prefill(node, prefill)
                     self.cp.stats.record_prefill_iteration(
                         node, now, prefill.t_uc, prefill.t_c, prefill.t_rst
                     )
                 if decode is not None:
                     st.decode_iterations += 1
+                    self.fitter.add_decode(node, decode)
                     st.decode_kv_tokens = decode.ctx_tokens
                 self.refresh_report(node)
 
@@ -593,6 +491,7 @@ class SGLangCluster(LiveCluster):
     def _loop(self) -> None:
         s = self.settings
         next_flush = next_sample = time.monotonic()
+        next_refit = next_flush + s.refit_every_s
         with httpx.Client(timeout=min(2.0, s.health_interval_s * 2)) as client:
             while not self._stop.wait(s.health_interval_s):
                 try:
@@ -605,12 +504,41 @@ class SGLangCluster(LiveCluster):
                     if wall >= next_sample:
                         self._sample()
                         next_sample = wall + self.live.sample_every_s
+                    if s.refit_every_s > 0 and wall >= next_refit:
+                        self.refit_models()
+                        next_refit = wall + s.refit_every_s
                     if wall >= next_flush and self.sink is not None:
                         self.sink.flush()
                         next_flush = wall + s.flush_every_s
                 except Exception as exc:  # surfaced through /v1/health; the cluster keeps serving
                     log.exception("SGLang cluster loop failed")
                     self.error = f"{type(exc).__name__}: {exc}"
+
+    def refit_models(self) -> dict[int, Any]:
+        """Refit every node's models from its recent passes and hand them to the control
+        plane (router and planner); returns node -> phases refitted. Runs every
+        `refit_every_s` from the health loop; callable at any time."""
+        with self.lock:
+            models = dict(self.cp.state.models)
+            done: dict[int, Any] = {}
+            for n in self.engines:
+                r = self.fitter.refit(n, models[n])
+                if r is None:
+                    continue
+                for problem in r.problems:
+                    log.warning("online refit: %s (the previous model stays)", problem)
+                if r.phases:
+                    models[n] = r.model
+                    done[n] = r.phases
+                    self.engines[n].fit = {
+                        "t": self.now(),
+                        "phases": list(r.phases),
+                        "samples": r.samples,
+                        "mape": r.mape,
+                    }
+            if done:
+                self.cp.set_models(models)
+            return done
 
     def _check_health(self, client: httpx.Client) -> None:
         for n, st in list(self.engines.items()):
@@ -735,6 +663,12 @@ class SGLangCluster(LiveCluster):
             "fpm_stream": None if st.fpm is None else st.fpm.stats.as_dict(),
             "publisher_restarts": st.restarts_seen,
             "last_switch": None if st.last_switch is None else st.last_switch.as_dict(),
+            "model": {
+                "prefill": list(cp.state.models[node_id].prefill.coef),
+                "decode": list(cp.state.models[node_id].decode.coef),
+                "mean_new_tokens": cp.state.models[node_id].mean_new_tokens,
+                "online_fit": st.fit,
+            },
         }
 
     def cluster(self) -> dict[str, Any]:
@@ -786,113 +720,4 @@ def _json_num(v: float) -> float | None:
     return None if not math.isfinite(v) else float(v)
 
 
-# ---- serving ------------------------------------------------------------------------------
-
-
-def create_sglang_app(cluster: SGLangCluster, token: str) -> Any:
-    """The REST API of SPEC §6 over `cluster` plus the data plane (/generate, /v1/...).
-
-    The app starts the cluster on startup and stops it (closing the telemetry run) on
-    shutdown. Data-plane routes need no token, like SGLang's routers; control calls do.
-    """
-    from cluster.server.app import create_app
-
-    app = create_app(cluster, token)
-    inner = app.router.lifespan_context
-
-    @asynccontextmanager
-    async def lifespan(a: Any) -> AsyncIterator[None]:
-        async with inner(a):
-            try:
-                yield
-            finally:
-                if cluster.proxy is not None:
-                    await cluster.proxy.aclose()
-
-    app.router.lifespan_context = lifespan
-    app.state.sglang = cluster
-
-    def not_started() -> JSONResponse:
-        return JSONResponse({"detail": "the SGLang cluster has not started yet"}, 503)
-
-    # The proxy exists once the cluster started: these routes look it up per call.
-    def forward(route: str) -> Any:
-        async def handle(request: Request) -> Any:
-            if cluster.proxy is None:
-                return not_started()
-            return await cluster.proxy.handle(route, request)
-
-        handle.__name__ = "data_" + route.strip("/").replace("/", "_")
-        return handle
-
-    for route in ROUTES:
-        app.add_api_route(route, forward(route), methods=["POST"])
-
-    async def finish_branch(branch_id: str) -> Any:
-        if cluster.proxy is None:
-            return not_started()
-        return await cluster.proxy.finish_branch(branch_id)
-
-    async def data_health() -> Any:
-        if cluster.proxy is None:
-            return not_started()
-        return await cluster.proxy.health()
-
-    app.add_api_route("/v1/branches/{branch_id:path}/finish", finish_branch, methods=["POST"])
-    app.add_api_route("/health", data_health, methods=["GET"])
-    return app
-
-
-class ServerThread:
-    """Serve an ASGI app with uvicorn on a loopback socket from a background thread.
-
-    Used by tests and `scripts/gpu_check.py`; `pdlab serve --sglang` runs uvicorn itself.
-    """
-
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0) -> None:
-        import uvicorn
-
-        # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say TCP,
-        # and without it every keep-alive response waits ~40 ms for a delayed ACK.
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((host, port))
-        self.url = f"http://{host}:{self.sock.getsockname()[1]}"
-        config = uvicorn.Config(
-            app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(
-            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
-        )
-
-    def start(self, timeout_s: float = 60.0) -> ServerThread:
-        self.thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self.server.started:
-            if not self.thread.is_alive():
-                raise RuntimeError("the server thread exited during startup (see its log)")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the server did not start within {timeout_s:.0f} s")
-            time.sleep(0.02)
-        return self
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(30.0)
-        self.sock.close()
-
-    def __enter__(self) -> ServerThread:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-__all__ = [
-    "EngineState",
-    "LockedSink",
-    "SGLangCluster",
-    "ServerThread",
-    "create_sglang_app",
-]
+__all__ = ["SGLangCluster"]

@@ -207,6 +207,8 @@ class ClusterSettings:
     relaunch_timeout_s: float = 600.0
     decode_cuda_graph_memory_gb: float | None = None
     flush_every_s: float = 2.0
+    refit_every_s: float = 30.0  # online refit of the nodes' models (0 = keep the profile)
+    refit_min_rows: int = 20  # passes of a phase a node needs before its refit
 
     def __post_init__(self) -> None:
         for name in (
@@ -252,6 +254,11 @@ class ClusterSettings:
             raise ConfigError(
                 f"[cluster] need 1 <= moe_top_k <= moe_experts, or moe_experts = 0 (dense); "
                 f"got moe_top_k={self.moe_top_k}, moe_experts={self.moe_experts}"
+            )
+        if not (self.refit_every_s >= 0 and self.refit_min_rows >= 5):
+            raise ConfigError(
+                f"[cluster] refit_every_s must be >= 0 (0 = off) and refit_min_rows >= 5, got "
+                f"{self.refit_every_s}, {self.refit_min_rows}"
             )
         if not self.t_acc > 0:
             raise ConfigError(f"[cluster] t_acc must be > 0, got {self.t_acc}")

@@ -137,8 +137,9 @@ def live_cluster(tmp_path: Path):  # type: ignore[no-untyped-def]
     elsewhere (stand-in processes); node i is engines[i]. `standin` passes StandinEngine
     kwargs; other keywords are `ClusterSettings`.
     """
-    from cluster.sglang.backend import ServerThread, SGLangCluster, create_sglang_app
+    from cluster.sglang.backend import SGLangCluster
     from cluster.sglang.cluster_file import ClusterConfig, ClusterSettings, EngineSpec
+    from cluster.sglang.serving import ServerThread, create_sglang_app
     from cluster.sglang.standin import StandinEngine
 
     made: list[LiveHarness] = []

@@ -52,7 +52,8 @@ async def _burst(url: str, n: int) -> list[int]:
                     f"{url}/generate",
                     json={
                         "input_ids": [5000 + i] * (40 + 97 * i),
-                        "sampling_params": {"max_new_tokens": 4 + 3 * (i % 5)},
+                        # long enough that all n overlap in decode: B ramps 1..n and back
+                        "sampling_params": {"max_new_tokens": 30 + 5 * i},
                     },
                     timeout=60,
                 )
@@ -63,7 +64,7 @@ async def _burst(url: str, n: int) -> list[int]:
 
 
 def test_agents_build_the_directory_and_telemetry_that_pdlab_fit_fits(live_cluster) -> None:  # type: ignore[no-untyped-def]
-    h = live_cluster()
+    h = live_cluster(refit_min_rows=10)
     cp = h.cluster.cp
     programs = [_small_agent("hand-0"), _small_agent("hand-1")]
     programs.append(make_workload("putnam", seed=2).next_program(0.0))
@@ -82,6 +83,16 @@ def test_agents_build_the_directory_and_telemetry_that_pdlab_fit_fits(live_clust
         held = {n: cp.directory.node_blocks(n) for n in (0, 1, 2)}
     assert held[0] + held[1] > 0 and held[2] == 0  # the decode stand-in caches nothing
     kv_rows = {n: h.cluster.engines[n].kv.num_rows for n in (0, 1, 2)}
+    # Online learning: the router's models move from the profile to the engines' timings.
+    assert h.cluster.refit_models() == {0: ("prefill",), 1: ("prefill",), 2: ("decode",)}
+    with cp.lock:
+        live = dict(cp.state.models)
+    assert live[0].prefill.c1 == pytest.approx(FAST_PREFILL.c1, rel=0.05)
+    assert live[1].prefill.c0 == pytest.approx(FAST_PREFILL.c0, rel=0.05)
+    assert live[2].decode.coef == pytest.approx(FAST_DECODE.coef, rel=0.05)
+    node0 = httpx.get(f"{h.url}/v1/cluster", timeout=10).json()["nodes"][0]
+    assert node0["model"]["online_fit"]["phases"] == ["prefill"]
+    assert node0["model"]["online_fit"]["mape"]["prefill"] < 0.02
     h.close()
 
     r = open_reader(h.db)
