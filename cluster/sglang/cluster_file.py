@@ -11,6 +11,23 @@ that into an `EngineSpec`. `pdlab collect --server` reads one engine; the live c
 table of `ClusterSettings` and one `[[engines]]` table per engine (`EngineSpec` fields; at
 least node_id and http_url, the rest is discovered through /server_info unless given). A
 JSON list of engines (`save_cluster_file`) is also a cluster file with default settings.
+
+    [cluster]
+    tokenizer = "engine"          # engine | toy | none | hf:<model>
+    router = "ttft"               # any cluster.routing router
+    planner = "static"            # any cluster.planning planner; planner_mode advise
+    moe_top_k = 8                 # the model's MoE shape (0/0 = dense) for phi(B)
+    moe_experts = 256
+    relaunch_command = "ssh {host} ./relaunch-sglang.sh --role {role} --port {port}"
+
+    [[engines]]
+    node_id = 0
+    http_url = "http://10.0.0.1:30000"    # role, publishers, bootstrap port: discovered
+
+    [[engines]]
+    node_id = 1
+    http_url = "http://10.0.0.2:30000"
+    decode_cuda_graph_memory_gb = 4.0     # only if no decode peer reports it
 """
 
 from __future__ import annotations

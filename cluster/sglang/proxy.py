@@ -50,6 +50,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from cluster.core import ConfigError
 from cluster.hashing import token_block_hashes
 from cluster.sglang.cluster_file import ClusterSettings, EngineSpec
+from cluster.sglang.payloads import (
+    cached_tokens,
+    error_json,
+    event_error,
+    output_tokens,
+    sse_events,
+)
 from cluster.sglang.tokens import (
     TokenizeError,
     estimate_tokens,
@@ -190,76 +197,9 @@ class _Committed(NamedTuple):
     prefill: asyncio.Task[dict[str, Any] | None]
 
 
-def _error_json(message: str, status: int) -> dict[str, Any]:
-    return {"error": {"message": message, "type": "EngineError", "code": status}}
-
-
-def _sse_events(buf: bytes) -> tuple[list[Any], bytes]:
-    """Complete SSE `data:` payloads in `buf` (JSON-decoded, or the raw string) and the rest."""
-    out: list[Any] = []
-    while True:
-        cut = buf.find(b"\n\n")
-        if cut < 0:
-            return out, buf
-        event, buf = buf[:cut], buf[cut + 2 :]
-        for line in event.split(b"\n"):
-            if line.startswith(b"data:"):
-                data = line[5:].strip()
-                try:
-                    out.append(json.loads(data))
-                except ValueError:
-                    out.append(data.decode("utf-8", "replace"))
-
-
-def _event_error(ev: Any) -> tuple[str, int] | None:
-    """An engine's error or abort inside a response payload: (message, status)."""
-    if not isinstance(ev, dict):
-        return None
-    err = ev.get("error")
-    if isinstance(err, dict):
-        return str(err.get("message", err)), int(err.get("code") or 500)
-    if ev.get("object") == "error":
-        return str(ev.get("message")), int(ev.get("code") or 500)
-    fin = (ev.get("meta_info") or {}).get("finish_reason")
-    if isinstance(fin, dict) and fin.get("type") == "abort":
-        return str(fin.get("message")), int(fin.get("status_code") or 500)
-    return None
-
-
-def _output_tokens(ev: Any, so_far: int) -> int:
-    if not isinstance(ev, dict):
-        return so_far
-    meta = ev.get("meta_info")
-    if isinstance(meta, dict):
-        if isinstance(meta.get("completion_tokens"), int):
-            return int(meta["completion_tokens"])
-        if isinstance(ev.get("output_ids"), list):
-            return len(ev["output_ids"])
-    usage = ev.get("usage")
-    if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
-        return int(usage["completion_tokens"])
-    if ev.get("choices"):
-        return so_far + 1  # one chunk per token without usage (stream_options off)
-    return so_far
-
-
-def _cached_tokens(ev: Any) -> int | None:
-    if not isinstance(ev, dict):
-        return None
-    meta = ev.get("meta_info")
-    if isinstance(meta, dict) and isinstance(meta.get("cached_tokens"), int):
-        return int(meta["cached_tokens"])
-    usage = ev.get("usage")
-    if isinstance(usage, dict):
-        details = usage.get("prompt_tokens_details") or {}
-        if isinstance(details.get("cached_tokens"), int):
-            return int(details["cached_tokens"])
-    return None
-
-
 class PDProxy:
     """See module docstring. `handle`, `finish_branch` and `health` serve the routes
-    (`backend.create_sglang_app` mounts them)."""
+    (`serving.create_sglang_app` mounts them)."""
 
     def __init__(self, host: ProxyHost) -> None:
         self.host = host
@@ -337,9 +277,9 @@ class PDProxy:
         try:
             body = await request.json()
         except ValueError:
-            return JSONResponse(_error_json("the request body must be JSON", 400), 400)
+            return JSONResponse(error_json("the request body must be JSON", 400), 400)
         if not isinstance(body, dict):
-            return JSONResponse(_error_json("the request body must be a JSON object", 400), 400)
+            return JSONResponse(error_json("the request body must be a JSON object", 400), 400)
         rid = str(body.get("rid") or uuid.uuid4().hex) if route == "/generate" else uuid.uuid4().hex
         try:
             branch = branch_identity(request.headers, rid)
@@ -347,7 +287,7 @@ class PDProxy:
             ids = await self.tokenizer.encode(prompt, self.host.tokenizer_url())
         except (ValueError, TokenizeError) as e:
             status = getattr(e, "status", 400)
-            return JSONResponse(_error_json(str(e), status), status)
+            return JSONResponse(error_json(str(e), status), status)
         host, cp = self.host, self.host.cp
         bt = cp.config.block_tokens
         path = token_block_hashes(ids, bt) if ids else []
@@ -377,7 +317,7 @@ class PDProxy:
             except ConfigError as e:
                 self._abandon(rec)
                 self._finish(rec, ok=False, error=str(e))
-                return JSONResponse(_error_json(f"cannot route: {e}", 503), 503)
+                return JSONResponse(error_json(f"cannot route: {e}", 503), 503)
             rec.attempts = attempt + 1
             outcome = await self._attempt(rec, plan, body)
             if isinstance(outcome, _Committed):
@@ -400,7 +340,7 @@ class PDProxy:
         log.error("request %s: %s", rid, msg)
         self._finish(rec, ok=False, error=msg)
         status = failure.status if not failure.down else 502
-        return JSONResponse(_error_json(msg, status), status)
+        return JSONResponse(error_json(msg, status), status)
 
     # ---- placement --------------------------------------------------------------------
     def _place(self, rec: LiveRequest, branch: Branch, first: bool) -> _Plan:
@@ -527,14 +467,14 @@ class PDProxy:
                 retryable=resp.status_code >= 500,
             )
         if rec.stream:
-            events, _ = _sse_events(raw if raw.endswith(b"\n\n") else raw + b"\n\n")
+            events, _ = sse_events(raw if raw.endswith(b"\n\n") else raw + b"\n\n")
             last = next((e for e in reversed(events) if isinstance(e, dict)), None)
         else:
             try:
                 last = json.loads(raw)
             except ValueError:
                 last = None
-        problem = _event_error(last)
+        problem = event_error(last)
         if problem is not None:
             raise EngineFailure(
                 spec.node_id,
@@ -544,7 +484,7 @@ class PDProxy:
                 down=False,
                 retryable=problem[1] >= 500,
             )
-        cached = _cached_tokens(last)
+        cached = cached_tokens(last)
         self._on_prefill_done(rec, spec.node_id, cached)
         return last if isinstance(last, dict) else None
 
@@ -583,7 +523,7 @@ class PDProxy:
             if not rec.stream:
                 raw = await resp.aread()
                 try:
-                    problem = _event_error(json.loads(raw))
+                    problem = event_error(json.loads(raw))
                 except ValueError:
                     problem = None
                 if problem is not None:
@@ -593,9 +533,9 @@ class PDProxy:
             head = b""
             async for chunk in chunks:
                 head += chunk
-                events, _ = _sse_events(head)
+                events, _ = sse_events(head)
                 if events:
-                    problem = _event_error(events[0])
+                    problem = event_error(events[0])
                     if problem is not None:
                         raise self._engine_error(spec, *problem)
                     return resp, head, chunks
@@ -646,7 +586,7 @@ class PDProxy:
                 answer = json.loads(c.head)
             except ValueError:  # not JSON: passed through as is, output length unknown
                 answer = None
-            rec.t_out = _output_tokens(answer, 0)
+            rec.t_out = output_tokens(answer, 0)
             await c.response.aclose()
             await self._settle_prefill(rec, c.prefill)
             self._finish(rec, ok=True)
@@ -662,15 +602,15 @@ class PDProxy:
         ok = False
         error: str | None = None
         try:
-            events, pending = _sse_events(c.head)
+            events, pending = sse_events(c.head)
             for ev in events:
-                rec.t_out = _output_tokens(ev, rec.t_out)
+                rec.t_out = output_tokens(ev, rec.t_out)
             yield c.head
             try:
                 async for data in c.chunks:
-                    events, pending = _sse_events(pending + data)
+                    events, pending = sse_events(pending + data)
                     for ev in events:
-                        rec.t_out = _output_tokens(ev, rec.t_out)
+                        rec.t_out = output_tokens(ev, rec.t_out)
                     yield data
                 ok = True
             except httpx.HTTPError as e:
@@ -682,7 +622,7 @@ class PDProxy:
                 log.error("request %s: %s", rec.request_id, error)
                 if isinstance(e, _DOWN_ERRORS):
                     self.host.mark_down(spec.node_id, error)
-                yield b"data: " + json.dumps(_error_json(error, 502)).encode() + b"\n\n"
+                yield b"data: " + json.dumps(error_json(error, 502)).encode() + b"\n\n"
                 yield b"data: [DONE]\n\n"
         finally:
             if not ok and error is None:
