@@ -10,6 +10,7 @@ iteration-time models; a manual phase switch through the REST API drains the nod
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 
 import httpx
@@ -121,6 +122,15 @@ def test_agents_build_the_directory_and_telemetry_that_pdlab_fit_fits(live_clust
     dec = by_node[2].decode
     assert dec.ok and dec.mape < 0.02, dec
     assert dec.coef == pytest.approx((FAST_DECODE.d0, FAST_DECODE.d1, FAST_DECODE.d2), rel=0.05)
+    # The same through the CLI: `pdlab fit DB --json` (and its model_fits rows).
+    from typer.testing import CliRunner
+
+    from toolkit.cli import app
+
+    res = CliRunner().invoke(app, ["fit", str(h.db), "--json", "--bootstrap", "0"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["model_fits_written"] and out["nodes"][2]["decode"]["coef"] is not None
 
 
 def test_manual_phase_switch_through_the_rest_api(live_cluster, until) -> None:  # type: ignore[no-untyped-def]
