@@ -50,6 +50,11 @@ class HardwareProfile:
     max_decode_batch: int = 256
     transfer_s_per_token: float = 1.1e-6  # P->D KV transfer (54.6 KB/token at ~50 GB/s)
     transfer_base_s: float = 0.002
+    # Actual time to fetch KV from a peer's host memory over RDMA (App. D.6: 54.6 KB per token
+    # at ~52 GB/s; median 7 ms below 16K tokens, 129 ms for 64K-128K). The router's tau(x)
+    # (0.45 s + 1 us/token) is a deliberately conservative charge, not this duration.
+    fetch_base_s: float = 0.005
+    fetch_s_per_token: float = 1.05e-6
     hardware: str = ""
 
     def __post_init__(self) -> None:
@@ -61,6 +66,10 @@ class HardwareProfile:
             raise ConfigError(f"profile {self.name}: chunk and block sizes must be > 0")
         if self.t_acc <= 0 or self.t_fwd <= 0 or self.t_acc > self.t_fwd:
             raise ConfigError(f"profile {self.name}: need 0 < t_acc <= t_fwd")
+
+    def fetch_time(self, tokens: float) -> float:
+        """Seconds to pull `tokens` of KV from a peer's host memory into this node's GPUs."""
+        return self.fetch_base_s + self.fetch_s_per_token * tokens if tokens > 0 else 0.0
 
     def node_model(self) -> NodeModel:
         """The profile's coefficients as a model (what a perfect fit would give)."""

@@ -678,7 +678,7 @@ class Simulator:
         req.route_t_uc = max(req.t_in - req.route_t_c, 1)
         req.fetch_tokens = fetch
         if fetch and self.cp.config.kv_fetch == "async":
-            req.fetch_ready_t = self.now + self.cp.state.fetch.time(fetch)
+            req.fetch_ready_t = self.now + self.profile.fetch_time(fetch)
             self._at(req.fetch_ready_t, _FETCH, self._fetch_done, req, node_id)
         else:
             req.fetch_ready_t = self.now
@@ -1126,7 +1126,7 @@ class Simulator:
         exposed = 0.0
         fetch_mode = self.cp.config.kv_fetch
         if fetch_mode == "sync" and req.fetch_tokens:
-            exposed = self.cp.state.fetch.time(req.fetch_tokens)
+            exposed = self.profile.fetch_time(req.fetch_tokens)
             blocks = req.path[: req.route_t_c // bt]
             self._store(
                 node,
