@@ -56,8 +56,8 @@ def _splits(nodes: int = 9) -> list[str]:
 
 def configs(name: str, quick: bool = False) -> list[SimConfig]:
     if name == "eviction":
-        # Host memory for ~1/6 of the working set: eviction decides what survives.
-        pressure = dict(l1_tokens=300_000, l2_tokens=1_200_000)
+        # Host memory for about the live working set: eviction decides what survives.
+        pressure = dict(l1_tokens=600_000, l2_tokens=2_500_000)
         return [
             _base(
                 quick,
