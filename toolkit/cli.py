@@ -10,6 +10,7 @@ from toolkit.commands_fit import fit_command, synth_logs_command
 from toolkit.commands_report import report_command
 from toolkit.commands_serve import lab_command, serve_command
 from toolkit.commands_sim import experiment_command, simulate_command
+from toolkit.commands_sweep import sweep_command
 
 app = typer.Typer(
     name="pdlab",
@@ -36,6 +37,7 @@ def version() -> None:
 
 app.command("simulate")(simulate_command)
 app.command("experiment")(experiment_command)
+app.command("sweep")(sweep_command)
 app.command("fit")(fit_command)
 app.command("synth-logs")(synth_logs_command)
 app.command("bench")(bench_command)

@@ -62,6 +62,27 @@ def simulate_command(
     relaunch: float = typer.Option(
         700.0, help="Seconds a Dynamo-like relaunch keeps a node out of service"
     ),
+    retention: str | None = typer.Option(
+        None,
+        help="Retention policy (paper 003): evict-always | lru | ttl | per-tool-ttl | "
+        "pressure-ttl | min-waste | branch-count | path.py[:Class] | pkg.module:Class",
+    ),
+    scheduling: str = typer.Option(
+        "fcfs", help="Scheduling priority: fcfs | program-fcfs | plas | path.py[:Class]"
+    ),
+    dispatch: str | None = typer.Option(
+        None, help="Program routing instead of --router: round-robin | least-loaded | "
+        "session-affinity | path.py[:Class]",
+    ),
+    policy_param: list[str] = typer.Option(
+        [], "--policy-param", help="FAMILY.KEY=VALUE for a policy, e.g. retention.tau_s=5"
+    ),
+    host_kv: bool = typer.Option(
+        True, "--host-kv/--no-host-kv", help="--no-host-kv: one GPU KV pool (collocated only)"
+    ),
+    l1_tokens: int | None = typer.Option(None, help="GPU KV tokens per node (profile default)"),
+    l2_tokens: int | None = typer.Option(None, help="Host KV tokens per node (profile default)"),
+    max_programs: int | None = typer.Option(None, help="Admit at most this many programs"),
     partitions: int = typer.Option(
         1, help="Hierarchical partitions (paper 000 App. D.2), simulated in parallel"
     ),
@@ -82,6 +103,7 @@ def simulate_command(
     from cluster.core import tune_gc
     from cluster.sim.runner import simulate
     from cluster.sim.simulator import SimConfig
+    from toolkit.commands_sweep import policy_options
 
     tune_gc()
 
@@ -105,6 +127,11 @@ def simulate_command(
             kv_fetch=kv_fetch,
             telemetry=telemetry,
             relaunch_s=relaunch,
+            host_kv=host_kv,
+            l1_tokens=l1_tokens,
+            l2_tokens=l2_tokens,
+            max_programs=max_programs,
+            **policy_options(retention, scheduling, dispatch, policy_param),
         )
         with Progress(
             TextColumn("[bold]simulating[/] {task.description}"),
@@ -158,7 +185,8 @@ def simulate_command(
         "workload", "partitions", "initial_split", "final_split", "planner", "router", "eviction", "sim_seconds",
         "wall_seconds", "speedup", "requests", "throughput_rps", "mean_ttft_s", "p95_ttft_s",
         "mean_e2e_s", "p50_e2e_s", "p95_e2e_s", "kv_hit_rate", "ideal_kv_hit_rate",
-        "lost_kv_reuse", "switches", "mean_switch_time_s",
+        "lost_kv_reuse", "switches", "mean_switch_time_s", "retention", "scheduling",
+        "mean_jct_s", "p99_jct_s", "preemptions", "mean_tpot_s", "mean_queueing_s",
     ):  # fmt: skip
         v = summary.get(key)
         table.add_row(key, f"{v:.4g}" if isinstance(v, float) else str(v))

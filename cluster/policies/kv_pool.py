@@ -196,7 +196,9 @@ class RetentionCache(TierCache):
 
     @property
     def utilization(self) -> float:
-        return (self.used_tokens + self.reserved_tokens) / self.pool_tokens
+        """KV in use by running calls (pinned blocks and reservations) over the pool, as
+        vLLM reports it: cached blocks no call uses count as free (they are reclaimable)."""
+        return (self.pinned_tokens + self.reserved_tokens) / self.pool_tokens
 
     def reserve(self, tokens: int, force: bool = False) -> list[Evicted] | None:
         """Reserve pool tokens outside the block cache, reclaiming unpinned blocks in key

@@ -129,7 +129,10 @@ SIGNAL_FIELDS: tuple[str, ...] = (
     "now",
     "node",  # the node the decision concerns (None: not node-specific)
     "kv_utilization",  # GPU KV utilization of that node in [0, 1] (None if no node)
-    "kv_utilization_by_node",  # node -> GPU KV utilization
+    # node -> GPU KV utilization: KV of running calls over the pool for a single-pool node
+    # (vLLM's usage: reclaimable cached blocks count as free); decode nodes: running KV;
+    # prefill and collocated nodes with a host tier: GPU cache occupancy.
+    "kv_utilization_by_node",
     "host_utilization_by_node",  # node -> host KV utilization
     "inflight",  # node -> calls queued or running there
     "kv_inflight_tokens",  # KV tokens held by running calls on that node
