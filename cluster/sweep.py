@@ -426,7 +426,7 @@ def _axis_of(path: str) -> str:
 
     for family in ("retention", "scheduling", "dispatch"):
         try:
-            load_policy(family, path)  # type: ignore[arg-type]
+            load_policy(family, path)
         except ConfigError:
             continue
         return family

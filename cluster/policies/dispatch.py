@@ -21,7 +21,7 @@ chosen node uses its own cached prefix (plus the shared pool when KV fetch is en
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from cluster.core import ConfigError, Registry
 from cluster.policies.errors import PolicyError
@@ -31,7 +31,7 @@ from cluster.state import ClusterView, RouteDecision, RouteRequest
 
 class DispatchHooks(Protocol):
     name: str
-    signals: Signals | None
+    signals: Signals
 
     def select(self, pcb: ProgramControlBlock, inflight: Mapping[int, int], now: float) -> int:
         """One of the node ids in `inflight`."""
@@ -43,7 +43,7 @@ class DispatchPolicy:
 
     name = "custom"
     uses_signals = True
-    signals: Signals | None = None
+    signals: Signals = cast(Signals, None)  # set by the plane before each hook
 
     def select(self, pcb: ProgramControlBlock, inflight: Mapping[int, int], now: float) -> int:
         return min(inflight, key=lambda n: (inflight[n], n))

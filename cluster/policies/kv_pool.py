@@ -52,7 +52,7 @@ class RetentionCache(TierCache):
         clock: Callable[[], float],
         count_of: Callable[[BlockHash], int] | None = None,
     ) -> None:
-        super().__init__(node, tier, capacity_tokens, PlaneKey(name), count_of)  # type: ignore[arg-type]
+        super().__init__(node, tier, capacity_tokens, PlaneKey(name), count_of)
         self.clock = clock
         self.meta: dict[BlockHash, tuple[float, float | None, int]] = {}  # d, v, owner
         self._expiry: list[tuple[float, int, BlockHash]] = []

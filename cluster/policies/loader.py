@@ -70,10 +70,8 @@ def load_policy(family: Family, spec: Any, params: dict[str, Any] | None = None)
         obj = _resolve_string(family, spec)
         label = spec
     else:
-        obj, label = (
-            spec,
-            getattr(spec, "name", None) or getattr(spec, "__name__", None) or type(spec).__name__,
-        )
+        obj = spec
+        label = spec.__name__ if inspect.isclass(spec) else type(spec).__name__
     if inspect.isclass(obj):
         check_hooks(family, obj, label)
         try:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
-from typing import Any, Literal, NamedTuple, Protocol
+from typing import Any, Literal, NamedTuple, Protocol, cast
 
 from cluster.core import ConfigError, Registry
 from cluster.policies.errors import PolicyError
@@ -99,7 +99,7 @@ class RetentionHooks(Protocol):
     """What the plane calls (paper 003 App. E). `signals` is set before each call."""
 
     name: str
-    signals: Signals | None
+    signals: Signals
 
     def on_turn_complete(
         self, pcb: ProgramControlBlock, now: float
@@ -109,19 +109,17 @@ class RetentionHooks(Protocol):
 
 
 class RetentionPolicy:
-    """Base class for retention policies: subclass it and override the hooks.
+    """Base class for retention policies: subclass it and implement the hooks.
 
     `on_turn_complete(pcb, now)` (or the listing form `(pcb, request_id, now)`) decides at
-    completion; `on_turn_arrival(pcb, now)` at the successor's release. `self.signals` holds
-    the system signals at the call (KV utilization of the node, in-flight calls, ...).
+    completion - every retention policy defines it; `on_turn_arrival(pcb, now)` at the
+    successor's release (default: no change). `self.signals` holds the system signals at
+    the call (KV utilization of the node, in-flight calls, ...), set by the plane.
     """
 
     name = "custom"
     uses_signals = True
-    signals: Signals | None = None
-
-    def on_turn_complete(self, pcb: ProgramControlBlock, now: float) -> Any:
-        return RELEASE
+    signals: Signals = cast(Signals, None)  # set by the plane before each hook
 
     def on_turn_arrival(self, pcb: ProgramControlBlock, now: float) -> Any:
         return None

@@ -18,7 +18,7 @@ Shipped (registry `SCHEDULING_POLICIES`):
 from __future__ import annotations
 
 import math
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from cluster.core import Registry
 from cluster.policies.errors import PolicyError
@@ -27,7 +27,7 @@ from cluster.policies.pcb import ProgramControlBlock, Signals
 
 class SchedulingHooks(Protocol):
     name: str
-    signals: Signals | None
+    signals: Signals
 
     def priority(self, pcb: ProgramControlBlock, now: float) -> float:
         """Smaller runs first (integers in paper 003's listings; any real number here)."""
@@ -39,7 +39,7 @@ class SchedulingPolicy:
 
     name = "custom"
     uses_signals = True
-    signals: Signals | None = None
+    signals: Signals = cast(Signals, None)  # set by the plane before each hook
 
     def priority(self, pcb: ProgramControlBlock, now: float) -> float:
         return now

@@ -44,6 +44,7 @@ from cluster.sim.profiles import HardwareProfile
 from models import phi
 
 TRACE = "thunderagent_sweagent_glm45fp8_h200_turns.jsonl"
+SLICE = "sweagent_turns_slice.jsonl"  # the four-program test fixture (a clean clone)
 TOP_K, NUM_EXPERTS = 8, 160  # GLM-4.5: 8 of 160 routed experts per token
 RUN_AGENTS = {"bs1": 1, "bs4": 4, "bs32": 32}
 
@@ -73,9 +74,15 @@ class ReplayReport(NamedTuple):
 
 
 def trace_path(path: str | Path | None = None) -> Path:
+    """`path`, else the full trace in the data directory, else the bundled slice."""
     from cluster.workloads.traces import resolve_trace_path
 
-    return resolve_trace_path(path or TRACE)
+    if path is not None:
+        return resolve_trace_path(path)
+    try:
+        return resolve_trace_path(TRACE)
+    except ConfigError:
+        return resolve_trace_path(SLICE)
 
 
 def load_turns(path: str | Path | None = None) -> list[dict[str, Any]]:
@@ -153,7 +160,7 @@ def fit_sweagent_profile(path: str | None = None, kv_tokens: int = 4_000_000) ->
     xd, yd, bd = _decode_rows(rows, pre)
     runs = np.array([r["run"] for r in rows if _decodes(r)])
     # Aggregate into (run, B decile) bins: fit sums of decode time, not single turns.
-    keys = []
+    keys: list[str] = []
     for run in sorted(set(runs)):
         m = runs == run
         edges = np.unique(np.quantile(bd[m], np.linspace(0, 1, 11)))

@@ -13,6 +13,7 @@ drives it.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -116,7 +117,7 @@ class SimRequest:
         # tokens generated so far, and preemption (recompute) state.
         self.kv_pinned: list[BlockHash] = []
         self.kv_private = 0
-        self.generated = 0
+        self.generated = 0.0
         self.recompute = False
         self.preemptions = 0
 
@@ -181,9 +182,9 @@ class SimNode:
         l1_tokens: int,
         l2_tokens: int,
         policy: EvictionPolicy,
-        count_of,
+        count_of: Callable[[BlockHash], int],
         caches: tuple[TierCache, TierCache] | None = None,
-    ) -> None:  # type: ignore[no-untyped-def]
+    ) -> None:
         self.id = node_id
         self.phase: Phase = phase
         if caches is None:

@@ -29,6 +29,7 @@ the running call with the largest q is preempted and later recomputed, like vLLM
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 import math
 import time
@@ -352,7 +353,7 @@ class Simulator:
         for n in ids:
             caches = self._plane_caches(n, l1, l2) if self.planes else None
             self.nodes[n] = SimNode(
-                n, self.initial_phases[n], l1, l2, policy, lambda h, n=n: d.count(n, h), caches
+                n, self.initial_phases[n], l1, l2, policy, functools.partial(d.count, n), caches
             )
         d.zero_listeners.append(self._on_zeroed)
         self.source = make_workload(
@@ -651,7 +652,7 @@ class Simulator:
         self._on_release(run, turn, req)
         kind = turn.kind if turn.kind in ("start", "fork", "subagent") else "start"
         rr = RouteRequest(rid, run.program.program_id, turn.branch_id, path, t_in, now)
-        decision = self.cp.admit(rr, branch_kind=kind, parent_id=turn.parent_branch)  # type: ignore[arg-type]
+        decision = self.cp.admit(rr, branch_kind=kind, parent_id=turn.parent_branch)
         self._enqueue(req, decision.node_id, decision.cached_tokens, decision.fetch_tokens)
 
     def _ideal_prefix(self, path: list[int]) -> int:
@@ -757,7 +758,7 @@ class Simulator:
             decision = self._retention_hook("on_turn_arrival", pcb, req.request_id, pcb.kv_node)
             kv = run.kv_paths.get(turn.branch_id)
             if kv is None and turn.kind == "fork":
-                kv = run.kv_paths.get(turn.parent_branch)  # type: ignore[arg-type]
+                kv = run.kv_paths.get(turn.parent_branch or "")
             if decision is not None and kv is not None:
                 self._retain(run, kv[0], kv[1], decision)
         sched = self.scheduling
@@ -1391,8 +1392,8 @@ class Simulator:
         node.epoch = None
         if node.unified:
             self._settle_epoch(node, e.batch, n_it)
-        still = []
-        finished = []
+        still: list[SimRequest] = []
+        finished: list[SimRequest] = []
         for r in e.batch:  # the batch only changes at epoch boundaries
             r.decode_left -= n_it
             (finished if r.decode_left <= 0 else still).append(r)
@@ -1589,9 +1590,11 @@ class Simulator:
                         report[f"{n}.{kind}"] = f"{err}: profile coefficients kept"
                         continue
                 if kind == "prefill":
-                    pre = PrefillModel.from_coef(coef)
+                    pre = PrefillModel.from_coef([float(c) for c in coef])
                 else:
-                    dec = DecodeModel.from_coef(coef, prof.top_k, prof.num_experts, prof.t_fwd)
+                    dec = DecodeModel.from_coef(
+                        [float(c) for c in coef], prof.top_k, prof.num_experts, prof.t_fwd
+                    )
                 report[f"{n}.{kind}"] = [float(c) for c in coef]
             models[n] = NodeModel(pre, dec, mean_new_tokens=float(prof.chunk_tokens))
         self.fit_report = report

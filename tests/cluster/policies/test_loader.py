@@ -94,6 +94,9 @@ def test_missing_hooks_and_wrong_arity_are_rejected_at_load(tmp_path):
         load_policy("retention", f"{path}:OnlyComplete")
 
     class Arity(RetentionPolicy):
+        def on_turn_complete(self, pcb, now):
+            return "release"
+
         def on_turn_arrival(self, pcb):  # type: ignore[override]
             return None
 
@@ -185,3 +188,19 @@ def test_bad_plane_configs_are_rejected_with_clear_messages():
         Simulator(
             SimConfig(nodes=1, split="collocated", scheduling="sjf", duration_s=10, warmup_s=0)
         )
+
+
+def test_paper_listings_run_as_candidate_files(pressure_config):
+    """App. F's seed and evolved policies load from their files and run in the simulator."""
+    from cluster.policies.seeds import SEEDS_DIR
+
+    for name, family in (
+        ("ttl_seed.py", "retention"),
+        ("evolved_retention.py", "retention"),
+        ("plas_seed.py", "scheduling"),
+        ("evolved_scheduling.py", "scheduling"),
+    ):
+        path = str(SEEDS_DIR / name)
+        assert load_policy(family, path).family == family  # type: ignore[arg-type]
+        s = Simulator(pressure_config(**{family: path}, duration_s=200)).run()
+        assert s["requests"] > 10 and s[family] in ("EvolvedRetention", "EvolvedScheduling")
