@@ -410,8 +410,15 @@ class ControlPlane:
                 self.backend.begin_switch(node, to_phase, mode, now)  # type: ignore[arg-type]
             return sw
 
-    def complete_switch(self, node: int, now: float, drained: int = 0) -> None:
-        """The backend reports that `node` serves its new phase."""
+    def complete_switch(
+        self, node: int, now: float, drained: int = 0, lost_kv_blocks: int | None = None
+    ) -> None:
+        """The backend reports that `node` serves its new phase.
+
+        `lost_kv_blocks`: blocks the switch made unreachable; by default 0 for an in-place
+        switch (the KV stays in the pool) and every block the node held for a relaunch or a
+        stranded switch.
+        """
         with self.lock:
             sw = self.switches.pop(node, None)
             if sw is None:
@@ -421,6 +428,10 @@ class ControlPlane:
             self.state.unavailable.discard(node)
             self.state.reports.pop(node, None)
             self.branches.on_phase_switch(node, sw.from_phase, sw.to_phase, now)
+            if lost_kv_blocks is None:
+                lost_kv_blocks = (
+                    self.directory.node_blocks(node) if sw.mode in ("relaunch", "strand") else 0
+                )
             if sw.mode in ("relaunch", "strand"):
                 # The relaunched or stranded node's KV is unreachable: drop it from the directory.
                 self.directory.clear_node(node)
@@ -436,5 +447,6 @@ class ControlPlane:
                     "to_phase": [sw.to_phase],
                     "trigger": [sw.trigger],
                     "drained": [drained],
+                    "lost_kv_blocks": [lost_kv_blocks],
                 },
             )

@@ -159,6 +159,9 @@ TABLES: dict[str, tuple[Column, ...]] = {
         _c("to_phase", "VARCHAR", allowed=PHASES),
         _c("trigger", "VARCHAR", allowed=("planner", "manual")),
         _c("drained", "INTEGER", nonnegative=True),
+        # KV blocks the node held when it switched and could no longer serve (relaunch,
+        # stranded KV, SGLang's role switch releasing its prefix cache); 0 when kept.
+        _c("lost_kv_blocks", "BIGINT", nullable=True, nonnegative=True),
     ),
     "planner_windows": (
         RUN_ID,

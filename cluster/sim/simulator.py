@@ -1494,23 +1494,31 @@ class Simulator:
     def _finish_switch(self, node: SimNode) -> None:
         assert node.switch is not None
         to, mode, _, running = node.switch
+        lost = 0
         if mode in ("relaunch", "strand"):
+            lost = self.cp.directory.node_blocks(node.id)
             self._clear(node)
         if mode == "relaunch":
             node.out_of_service = True
             self._at(
-                self.now + self.cfg.relaunch_s, _SWITCH_DONE, self._relaunched, node, to, running
+                self.now + self.cfg.relaunch_s,
+                _SWITCH_DONE,
+                self._relaunched,
+                node,
+                to,
+                running,
+                lost,
             )
             node.switch = None
             return
         node.switch = None
-        self._switched(node, to, running)
+        self._switched(node, to, running, lost)
 
-    def _relaunched(self, node: SimNode, to: Phase, running: int) -> None:
+    def _relaunched(self, node: SimNode, to: Phase, running: int, lost: int) -> None:
         node.out_of_service = False
-        self._switched(node, to, running)
+        self._switched(node, to, running, lost)
 
-    def _switched(self, node: SimNode, to: Phase, running: int) -> None:
+    def _switched(self, node: SimNode, to: Phase, running: int, lost: int = 0) -> None:
         node.phase = to
         if to == "decode" and node.l1.entries:
             # GPU memory now holds running requests' KV: the prefix cache in it is gone
@@ -1521,7 +1529,7 @@ class Simulator:
                 d.remove(node.id, h, "gpu")
             self._kv_rows(node.id, "gpu", "removed", gone, self.now)
         t_decided = self.cp.switches[node.id].t_decided if node.id in self.cp.switches else self.now
-        self.cp.complete_switch(node.id, self.now, drained=running)
+        self.cp.complete_switch(node.id, self.now, drained=running, lost_kv_blocks=lost)
         self._switch_rows.append(
             {"node_id": node.id, "t_decided": t_decided, "t_done": self.now, "to": to}
         )

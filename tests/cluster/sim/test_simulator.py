@@ -181,9 +181,11 @@ def test_relaunch_keeps_node_out_of_service_and_drops_its_kv():
         relaunch_s=300,
         seed=2,
     )
-    sim = Simulator(cfg)
+    sink = MemorySink()
+    sim = Simulator(cfg, sink=sink)
     sim.step_until(200.0)
-    assert sim.cp.directory.node_blocks(3) > 0
+    held = sim.cp.directory.node_blocks(3)
+    assert held > 0
     sim.cp.request_switch(3, "prefill", sim.now, trigger="manual", mode="relaunch")
     sim.step_until(300.0)
     node = sim.nodes[3]
@@ -192,6 +194,9 @@ def test_relaunch_keeps_node_out_of_service_and_drops_its_kv():
     assert not node.out_of_service and sim.cp.state.phases[3] == "prefill"
     done = sim.switch_rows()
     assert done[0]["t_done"] - done[0]["t_decided"] >= 300.0
+    sim.finish()
+    (row,) = sink.rows("phase_switches")
+    assert row["lost_kv_blocks"] >= held  # every block it held (and any stored while draining)
 
 
 def test_bad_config_is_rejected_with_clear_messages():
