@@ -597,7 +597,9 @@ class SGLangCluster(LiveCluster):
             if rec.ok:
                 if rec.method == "relaunch":
                     self.cp.switches[rec.node_id].mode = "relaunch"
-                self.cp.complete_switch(rec.node_id, rec.t_done, drained=rec.drained)
+                self.cp.complete_switch(
+                    rec.node_id, rec.t_done, drained=rec.drained, lost_kv_blocks=rec.lost_kv_blocks
+                )
                 self.split_timeline.append((rec.t_done, *self.cp.split()))
             else:
                 # No in-place rollback exists in the control plane: forget the pending switch
