@@ -403,7 +403,7 @@ def preset(name: str, quick: bool = False) -> SweepSpec:
 
 
 # ---- OpenEvolve evaluator --------------------------------------------------------------------
-EVAL_CELL: str | dict[str, Any] = "table1-cell"
+EVAL_CELL: str | dict[str, Any] = "search-cell"  # paper 003 §5.3: 30 programs at 0.1 JPS
 EVAL_SEEDS: dict[str, str] = {"retention": "ttl", "scheduling": "plas", "dispatch": "least-loaded"}
 _seed_jct_cache: dict[str, float] = {}
 

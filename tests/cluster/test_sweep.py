@@ -197,3 +197,18 @@ def test_cli_sweep_and_simulate_report_program_metrics(tmp_path):
     assert summary["mean_jct_s"] > 0 and summary["p99_jct_s"] >= summary["mean_jct_s"]
     res = runner.invoke(app, [*sim[:-1], "--policy-param", "ttl.tau=1", "--json"])
     assert res.exit_code == 2 and "FAMILY.KEY=VALUE" in res.output
+
+
+def test_openevolve_evaluator_file_exposes_evaluate(tmp_path, monkeypatch):
+    """OpenEvolve loads an evaluator *file*; the bundled one scores the paper's seed."""
+    import importlib.util
+
+    from cluster.policies.seeds import SEEDS_DIR
+
+    spec = importlib.util.spec_from_file_location("oe_eval", SEEDS_DIR / "openevolve_evaluator.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setenv("PDLAB_EVAL_CELL", json.dumps(SMALL))
+    got = mod.evaluate(str(SEEDS_DIR / "plas_seed.py"))
+    assert got["axis"] == "scheduling" and got["combined_score"] == pytest.approx(1.0)
