@@ -139,6 +139,7 @@ SIGNAL_FIELDS: tuple[str, ...] = (
     "chunk_tokens",  # the chunked-prefill budget S per iteration
     "prefill_s_per_token",  # per-token prefill cost of the node's profile (c1)
     "prefill_base_s",  # per-iteration prefill overhead (c0)
+    "prefill_s_per_pair",  # per query-key pair cost of prefill attention (c2)
 )
 
 _SIGNALS_ALLOWED = ", ".join(SIGNAL_FIELDS)
@@ -160,6 +161,7 @@ class Signals:
         chunk_tokens: int,
         prefill_s_per_token: float,
         prefill_base_s: float,
+        prefill_s_per_pair: float = 0.0,
     ) -> None:
         w = object.__setattr__
         w(self, "now", now)
@@ -172,6 +174,7 @@ class Signals:
         w(self, "chunk_tokens", chunk_tokens)
         w(self, "prefill_s_per_token", prefill_s_per_token)
         w(self, "prefill_base_s", prefill_base_s)
+        w(self, "prefill_s_per_pair", prefill_s_per_pair)
 
     def __getattr__(self, name: str) -> Any:
         raise PolicyError(f"no system signal {name!r}; signals are: {_SIGNALS_ALLOWED}")

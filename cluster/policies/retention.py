@@ -17,7 +17,9 @@ Shipped policies (registry `RETENTION_POLICIES`):
 - `pressure-ttl`: d = c + tau g(u), g(u) = 1 - 0.5 m(u), m(u) = clip((u - 0.7) / 0.2, 0, 1)
   with u the KV utilization at completion (SAGA, App. E Eq. 9).
 - `min-waste`: InferCept's retain-or-discard test (App. E): retain until the predicted gap
-  if g_hat n <= W_discard(n), else discard; no value is set.
+  if g_hat n <= W_discard(n), else discard; no value is set. The forward-pass time
+  t(n) = (a n + c) / 1000 s takes (a, c, S) as parameters, else linearizes the node's
+  profile (a = c1 + c2 n / 2, c = c0: attention dominates re-prefilling long contexts).
 - `branch-count`: paper 000's branch-aware eviction in this interface: protect (d = inf)
   while the call's branch is active, release when it finishes.
 
@@ -313,14 +315,20 @@ class MinWaste(RetentionPolicy):
 
     def on_turn_complete(self, pcb: ProgramControlBlock, now: float) -> RetentionDecision:
         s = self.signals
-        a = self.a_ms if self.a_ms is not None else (s.prefill_s_per_token * 1e3 if s else 0.05)
+        n = pcb.context_tokens
+        # Without a per-device (a, c), linearize the node's prefill cost around the
+        # recompute: per token c1 plus attention c2 over the n / 2 tokens before it.
+        a = (
+            self.a_ms
+            if self.a_ms is not None
+            else ((s.prefill_s_per_token + s.prefill_s_per_pair * n / 2.0) * 1e3 if s else 0.05)
+        )
         c = self.c_ms if self.c_ms is not None else (s.prefill_base_s * 1e3 if s else 30.0)
         chunk = self.chunk_tokens or (s.chunk_tokens if s else 8192)
         node = s.node if s else None
         calls = s.inflight.get(node, 0) if s is not None and node is not None else 0
         kv = s.kv_inflight_tokens if s else 0
         g = self.predicted_gap(pcb)
-        n = pcb.context_tokens
         waste = discard_waste(n, chunk, calls, kv, a, c)
         if g * n <= waste:
             return protect(now + g)

@@ -734,7 +734,16 @@ class Simulator:
             )
         c = self.profile.prefill
         return Signals(
-            self.now, node_id, kv, host, inflight, tokens, self.profile.chunk_tokens, c[1], c[0]
+            self.now,
+            node_id,
+            kv,
+            host,
+            inflight,
+            tokens,
+            self.profile.chunk_tokens,
+            c[1],
+            c[0],
+            c[2],
         )
 
     def _on_release(self, run: ProgramRun, turn: Any, req: SimRequest) -> None:

@@ -97,3 +97,13 @@ def test_session_affinity_falls_back_when_its_node_is_over_capacity():
     assert p.select(_pcb(), {0: 2, 1: 2}, 0.0) == 0  # no prior node: least loaded, lowest id
     rr = load_policy("dispatch", "round-robin")
     assert [rr.hooks["select"](pcb, {3: 0, 5: 0}, 0.0) for _ in range(3)] == [3, 5, 3]
+
+
+def test_min_waste_linearizes_attention_cost_from_the_profile():
+    """Without a per-device (a, c): a = c1 + c2 n / 2, so an attention-heavy profile makes
+    re-prefilling a long context expensive enough to retain it over a short gap."""
+    p = MinWaste(default_gap_s=2.0)
+    p.signals = Signals(0.0, 0, {0: 0.5}, {0: 0.0}, {0: 4}, 60_000, 8192, 0.0, 0.105, 6.65e-9)
+    assert p.on_turn_complete(_pcb(context_tokens=25_000), 0.0) == protect(2.0)
+    p.signals = Signals(0.0, 0, {0: 0.5}, {0: 0.0}, {0: 4}, 60_000, 8192, 0.0, 0.105, 0.0)
+    assert p.on_turn_complete(_pcb(context_tokens=25_000), 0.0) == EVICT
