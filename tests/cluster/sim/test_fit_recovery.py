@@ -24,7 +24,7 @@ PROFILE = PRESETS["gb300"]
 def run_db(tmp_path_factory):
     db = tmp_path_factory.mktemp("fit") / "sim.duckdb"
     # A small GPU cache makes host restores frequent, so c3 is identifiable.
-    cfg = SimConfig(workload="cc", nodes=4, split="2P2D", agents=80, duration_s=1200, warmup_s=0,
+    cfg = SimConfig(workload="cc", nodes=4, split="2P2D", agents=80, duration_s=1800, warmup_s=0,
                     planner="static", stagger_s=300, telemetry="compact", seed=1, l1_tokens=400_000)
     simulate(cfg, db)
     return db
