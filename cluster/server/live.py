@@ -122,7 +122,7 @@ class LiveCluster:
             self.run_id = self.writer.run_id
         try:
             sim = Simulator(cfg, sink=self.writer)
-            sim.run_id = self.run_id  # type: ignore[attr-defined]
+            sim.run_id = self.run_id
             if self.writer is not None:
                 register_nodes(self.writer, sim)
             sim.cp.set_planner_mode(self.live.planner_mode)

@@ -72,7 +72,7 @@ def summarize(sim: Simulator) -> dict[str, Any]:
     )
     queueing = np.array([r.t_prefill_start - r.t_routed for r in started])  # type: ignore[operator]
     return {
-        "run_id": getattr(sim, "run_id", None),
+        "run_id": sim.run_id,
         "workload": cfg.workload,
         "nodes": cfg.nodes,
         "initial_split": cfg.split,

@@ -80,6 +80,7 @@ def _run_partition(args: tuple[SimConfig, int, str | None, str | None]) -> dict[
     done = [r for r in sim.requests if r.t_done is not None and r.measured]
     summary["_ttft"] = [r.t_first_token - r.t_arrival for r in done if r.t_first_token is not None]
     summary["_e2e"] = [r.t_done - r.t_arrival for r in done if r.t_done is not None]
+    summary["_jct"] = [f - a for a, f, *_ in sim.program_rows if a >= cfg.warmup_s]
     started = [r for r in sim.requests if r.t_prefill_start is not None and r.measured]
     summary["_kv"] = (
         sum(r.t_in for r in started),
@@ -137,6 +138,7 @@ def merge_summaries(
 ) -> dict[str, Any]:
     ttft = np.array([x for p in parts for x in p.pop("_ttft")])
     e2e = np.array([x for p in parts for x in p.pop("_e2e")])
+    jct = np.array([x for p in parts for x in p.pop("_jct")])
 
     def pct(a: np.ndarray, q: float) -> float:
         return float(np.percentile(a, q)) if a.size else float("nan")
@@ -163,6 +165,8 @@ def merge_summaries(
         "mean_e2e_s": float(e2e.mean()) if e2e.size else float("nan"),
         "p50_e2e_s": pct(e2e, 50),
         "p95_e2e_s": pct(e2e, 95),
+        "mean_jct_s": float(jct.mean()) if jct.size else float("nan"),
+        "p99_jct_s": pct(jct, 99),
         "kv_hit_rate": h,
         "ideal_kv_hit_rate": h_star,
         "lost_kv_reuse": 1.0 - h / h_star if h_star > 0 else float("nan"),

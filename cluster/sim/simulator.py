@@ -382,6 +382,7 @@ class Simulator:
         self.events_processed = 0
         self.wall_s = 0.0
         self._started = False
+        self.run_id: str | None = None  # set by the runner when telemetry goes to a database
 
     def _plane_caches(self, n: int, l1: int, l2: int) -> tuple[RetentionCache, RetentionCache]:
         """Tiers keyed by the Retention Plane; one GPU pool when there is no host tier."""
