@@ -28,6 +28,22 @@ HOST = 2
 _TIER_BIT = {"gpu": GPU, "host": HOST}
 
 
+def _held_prefix(n: int, held: Callable[[int], bool]) -> int:
+    """Length of the held prefix of n blocks, given a prefix-closed test `held(i)`."""
+    if n == 0 or not held(0):
+        return 0
+    if held(n - 1):
+        return n
+    lo, hi = 1, n - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if held(mid):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
 class Holding:
     """One node's copy of one block."""
 
@@ -265,21 +281,7 @@ class KVDirectory:
             hold = b.holders.get(node)
             return hold is not None and bool(hold.tiers & mask)
 
-        lo, hi = 0, len(path)
-        # Fast paths: nothing or everything.
-        if hi == 0 or not held(0):
-            return 0
-        if held(hi - 1):
-            return hi
-        lo = 1
-        hi -= 1
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if held(mid):
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
+        return _held_prefix(len(path), held)
 
     def prefix_lengths(
         self, path: Sequence[BlockHash], nodes: Iterable[int], mask: int = GPU | HOST
@@ -337,19 +339,7 @@ class KVDirectory:
             b = blocks.get(path[i])
             return b is not None and any(h.tiers for h in b.holders.values())
 
-        lo, hi = 0, len(path)
-        if hi == 0 or not held(0):
-            return 0
-        if held(hi - 1):
-            return hi
-        lo, hi = 1, hi - 1
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if held(mid):
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
+        return _held_prefix(len(path), held)
 
     def holders_of(self, h: BlockHash) -> dict[int, int]:
         """node -> tier bits (1 = GPU, 2 = host) of the nodes holding block `h`."""

@@ -14,7 +14,7 @@ Two content representations share one hash chain:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 
 from cluster.core import BlockHash
 from cluster.workloads.program import Segment
@@ -48,6 +48,27 @@ def token_block_hashes(
         h = chain(h, tuple(token_ids[start : start + block_tokens]))
         out.append(h)
     return out
+
+
+def prefix_in(path: Sequence[BlockHash], held: Container[BlockHash]) -> int:
+    """Leading blocks of `path` found in `held` (a set, dict or cache keyed by block hash).
+
+    Binary search: chained hashes make a holder of block i hold its whole prefix when the
+    holder is prefix-closed (radix caches, the ideal cache, routed-request trees).
+    """
+    n = len(path)
+    if n == 0 or path[0] not in held:
+        return 0
+    if path[n - 1] in held:
+        return n
+    lo, hi = 1, n - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if path[mid] in held:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 class ContextHasher:

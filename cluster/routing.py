@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from cluster.core import ConfigError, Registry
+from cluster.hashing import prefix_in
 from cluster.state import ClusterView, RouteDecision, RouteRequest
 
 
@@ -162,21 +163,6 @@ class CacheAwareRouter(_Base):
         self.trees: dict[int, OrderedDict[int, None]] = {}
         self._req_node: dict[str, int] = {}
 
-    def _match(self, tree: OrderedDict[int, None], path: Sequence[int]) -> int:
-        lo, hi = 0, len(path)
-        if hi == 0 or path[0] not in tree:
-            return 0
-        if path[hi - 1] in tree:
-            return hi
-        lo, hi = 1, hi - 1
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if path[mid] in tree:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
-
     def route(self, req: RouteRequest, view: ClusterView) -> RouteDecision:
         nodes = _prefill_nodes(view)
         loads = {n: self.load.get(n, 0) for n in nodes}
@@ -187,7 +173,7 @@ class CacheAwareRouter(_Base):
             node = min(nodes, key=lambda n: (loads[n], n))
         else:
             matches = {
-                n: self._match(self.trees.setdefault(n, OrderedDict()), req.path) for n in nodes
+                n: prefix_in(req.path, self.trees.setdefault(n, OrderedDict())) for n in nodes
             }
             best = max(nodes, key=lambda n: (matches[n], -n))
             rate = matches[best] * bt / max(req.t_in, 1)

@@ -20,6 +20,7 @@ import numpy as np
 
 from cluster.core import BlockHash, Phase
 from cluster.eviction import Evicted, EvictionPolicy, LRUEviction, TierCache
+from cluster.hashing import prefix_in
 
 if TYPE_CHECKING:
     from cluster.sim.simulator import ProgramRun
@@ -222,19 +223,7 @@ class SimNode:
                     break
                 k += 1
             return k
-        n = len(path)
-        if n == 0 or path[0] not in entries:
-            return 0
-        if path[n - 1] in entries:
-            return n
-        lo, hi = 1, n - 1
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if path[mid] in entries:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
+        return prefix_in(path, entries)
 
     @property
     def decode_kv_tokens(self) -> int:

@@ -107,9 +107,14 @@ def configs(name: str, quick: bool = False) -> list[SimConfig]:
                 )
         return out
     if name == "planner":
-        out = [_base(quick, workload="cc", agents=126, split=sp, planner="gain") for sp in ("6P3D", "3P6D")]
+        out = [
+            _base(quick, workload="cc", agents=126, split=sp, planner="gain")
+            for sp in ("6P3D", "3P6D")
+        ]
         statics = ["2P7D", "3P6D", "4P5D", "5P4D", "6P3D"] if quick else _splits()
-        out += [_base(quick, workload="cc", agents=126, split=sp, planner="static") for sp in statics]
+        out += [
+            _base(quick, workload="cc", agents=126, split=sp, planner="static") for sp in statics
+        ]
         return out
     if name == "shift":
         # Paper 000 §6.3: 288 Putnam, then 144 Putnam + 72 OSWorld, then 144 OSWorld agents,

@@ -42,7 +42,7 @@ import numpy as np
 from cluster.control_plane import ControlPlane, ControlPlaneConfig
 from cluster.core import ConfigError, NullSink, Phase, TelemetrySink
 from cluster.eviction import EVICTION_POLICIES, Evicted
-from cluster.hashing import ContextHasher
+from cluster.hashing import ContextHasher, prefix_in
 from cluster.planning import SwitchMode
 from cluster.policies.dispatch import DispatchRouter
 from cluster.policies.kv_pool import RetentionCache
@@ -657,20 +657,7 @@ class Simulator:
         self._enqueue(req, decision.node_id, decision.cached_tokens, decision.fetch_tokens)
 
     def _ideal_prefix(self, path: list[int]) -> int:
-        ideal = self.ideal
-        n = len(path)
-        if n == 0 or path[0] not in ideal:
-            return 0
-        if path[n - 1] in ideal:
-            return n
-        lo, hi = 1, n - 1
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if path[mid] in ideal:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
+        return prefix_in(path, self.ideal)
 
     def _enqueue(self, req: SimRequest, node_id: int, cached: int, fetch: int) -> None:
         node = self.nodes[node_id]
