@@ -87,8 +87,11 @@ def trace_path(path: str | Path | None = None) -> Path:
 
 def load_turns(path: str | Path | None = None) -> list[dict[str, Any]]:
     """The trace's turns sorted by (run, instance, step), with the cached prefix t_c."""
+    from cluster.workloads.traces import open_text
+
     p = trace_path(path)
-    rows = [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+    with open_text(p) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
     if not rows or "llm_enter" not in rows[0]:
         raise ConfigError(f"{p}: not a SWE-agent turn trace (needs llm_enter/llm_exit)")
     rows.sort(key=lambda r: (r["run"], r["instance"], r["step"]))

@@ -12,6 +12,7 @@ estimated as ceil(characters / 4); identical system prompts share one segment ac
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from pathlib import Path
@@ -27,7 +28,7 @@ SYSTEM_PROMPT_BASE = 1_000  # shared ids of distinct system prompts (below TRACE
 
 def is_continuum(path: Path) -> bool:
     """A JSON list whose first element has `messages` (cheap check on the file's start)."""
-    with path.open() as f:
+    with gzip.open(path, "rt") if path.suffix.lower() == ".gz" else path.open() as f:
         head = f.read(4_096).lstrip()
     return head.startswith("[") and '"messages"' in head
 

@@ -33,13 +33,14 @@ it starts over when they run out, giving repeated programs fresh ids for their p
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import IO, Any, NamedTuple
 
 from cluster.core import ConfigError
 from cluster.workloads.builder import ProgramBuilder
@@ -78,21 +79,35 @@ def data_dir() -> Path:
 
 
 def resolve_trace_path(spec: str | os.PathLike[str]) -> Path:
-    """The spec as a path (relative to the working directory), else under the data dir."""
+    """The spec as a path (relative to the working directory), else under the data dir;
+    a gzip-compressed copy (`<name>.gz`) stands in for a missing plain file."""
     path = Path(spec).expanduser()
     tried = [path]
     if not path.is_absolute():
         tried += [data_dir() / path, data_dir() / "traces" / path]
+    tried += [c.with_name(c.name + ".gz") for c in tried if c.suffix != ".gz"]
     for candidate in tried:
         if candidate.is_file():
             return candidate
     raise ConfigError(f"trace file {str(spec)!r} not found (tried: {', '.join(map(str, tried))})")
 
 
+def open_text(path: Path, newline: str | None = None) -> IO[str]:
+    """Open a trace for reading text, decompressing `.gz` files."""
+    if path.suffix.lower() == ".gz":
+        return gzip.open(path, "rt", newline=newline)
+    return path.open(newline=newline)
+
+
+def _suffix(path: Path) -> str:
+    """The format suffix, looking through a `.gz`."""
+    return Path(path.stem).suffix.lower() if path.suffix.lower() == ".gz" else path.suffix.lower()
+
+
 def sniff(path: Path) -> str:
     """The trace format of `path`, from its extension and first record."""
-    if path.suffix.lower() == ".csv":
-        with path.open(newline="") as f:
+    if _suffix(path) == ".csv":
+        with open_text(path, newline="") as f:
             header = next(csv.reader(f), [])
         if set(AZURE_KEYS) <= {h.strip() for h in header}:
             return "azure"
@@ -113,7 +128,7 @@ def sniff(path: Path) -> str:
 
 
 def _first_record(path: Path) -> Any:
-    with path.open() as f:
+    with open_text(path) as f:
         for line in f:
             if line.strip():
                 try:
@@ -124,7 +139,7 @@ def _first_record(path: Path) -> Any:
 
 
 def _json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    with path.open() as f:
+    with open_text(path) as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -394,7 +409,7 @@ class TraceSource:
         path = self.path
         programs: list[Program] = []
         skipped = 0
-        with path.open(newline="") as f:
+        with open_text(path, newline="") as f:
             for n, row in enumerate(csv.DictReader(f), 2):
                 if self.params.limit and len(programs) >= self.params.limit:
                     break

@@ -20,11 +20,9 @@ from cluster.workloads.traces import resolve_trace_path
 SLICE = "tests/fixtures/traces/sweagent_turns_slice.jsonl"
 
 
-def _full_trace() -> str | None:
-    try:
-        return str(resolve_trace_path(TRACE))
-    except ConfigError:
-        return None
+def _full_trace() -> str:
+    """The full trace: ../shared/data, else the gzip copy bundled in tests/fixtures."""
+    return str(resolve_trace_path(TRACE))
 
 
 def test_fit_yields_a_valid_profile_with_sane_coefficients():
@@ -39,7 +37,6 @@ def test_fit_yields_a_valid_profile_with_sane_coefficients():
     assert 0 < fit.prefill_mape < 0.5
 
 
-@pytest.mark.skipif(_full_trace() is None, reason="the full SWE-agent trace is not in the data dir")
 def test_replay_tracks_recorded_llm_times_on_the_full_trace():
     path = _full_trace()
     bounds = {"bs1": 0.2, "bs4": 0.15, "bs32": 0.1}

@@ -24,8 +24,19 @@ PROFILE = PRESETS["gb300"]
 def run_db(tmp_path_factory):
     db = tmp_path_factory.mktemp("fit") / "sim.duckdb"
     # A small GPU cache makes host restores frequent, so c3 is identifiable.
-    cfg = SimConfig(workload="cc", nodes=4, split="2P2D", agents=80, duration_s=1800, warmup_s=0,
-                    planner="static", stagger_s=300, telemetry="compact", seed=1, l1_tokens=400_000)
+    cfg = SimConfig(
+        workload="cc",
+        nodes=4,
+        split="2P2D",
+        agents=80,
+        duration_s=1800,
+        warmup_s=0,
+        planner="static",
+        stagger_s=300,
+        telemetry="compact",
+        seed=1,
+        l1_tokens=400_000,
+    )
     simulate(cfg, db)
     return db
 
@@ -36,7 +47,11 @@ def _rel(a, b):
 
 def test_prefill_coefficients_within_2_percent(run_db):
     fit = to_json(fit_run(run_db))
-    prefill = [n["prefill"] for n in fit["nodes"] if n["prefill"].get("coef") and n["prefill"]["samples"] > 1500]
+    prefill = [
+        n["prefill"]
+        for n in fit["nodes"]
+        if n["prefill"].get("coef") and n["prefill"]["samples"] > 1500
+    ]
     assert len(prefill) == 2  # the two prefill nodes
     for e in prefill:
         assert max(_rel(e["coef"], PROFILE.prefill)) < 0.02, e
@@ -45,8 +60,14 @@ def test_prefill_coefficients_within_2_percent(run_db):
 
 def test_decode_difference_is_the_omitted_context_term(run_db):
     fit = to_json(fit_run(run_db))
-    rows = telemetry.open_reader(run_db).sql("select node_id, batch_size, t_fwd, ctx_tokens, duration_s from decode_iterations")
-    decode = {n["node_id"]: n["decode"] for n in fit["nodes"] if n["decode"].get("coef") and n["decode"]["samples"] > 5000}
+    rows = telemetry.open_reader(run_db).sql(
+        "select node_id, batch_size, t_fwd, ctx_tokens, duration_s from decode_iterations"
+    )
+    decode = {
+        n["node_id"]: n["decode"]
+        for n in fit["nodes"]
+        if n["decode"].get("coef") and n["decode"]["samples"] > 5000
+    }
     assert len(decode) == 2
     for node, entry in decode.items():
         x = rows.filter(rows["node_id"] == node)
@@ -54,7 +75,9 @@ def test_decode_difference_is_the_omitted_context_term(run_db):
         xs = np.column_stack([b, x["t_fwd"].to_numpy()])
         ctx = PROFILE.decode_ctx_s_per_token * x["ctx_tokens"].to_numpy()
         # (a) remove the logged context term: the profile comes back.
-        corrected = DecodeRegressor(PROFILE.top_k, PROFILE.num_experts).fit(xs, x["duration_s"].to_numpy() - ctx)
+        corrected = DecodeRegressor(PROFILE.top_k, PROFILE.num_experts).fit(
+            xs, x["duration_s"].to_numpy() - ctx
+        )
         assert max(_rel(corrected.coef_, PROFILE.decode)) < 0.02
         # (b) the raw fit equals the best Eq. 2 fit of the noise-free truth with the term.
         truth = np.array([PROFILE.decode_times(int(bi), np.array([0.0]))[0] for bi in b]) + ctx

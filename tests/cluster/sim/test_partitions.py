@@ -7,7 +7,17 @@ from cluster.core import ConfigError
 from cluster.sim.partitions import partition_configs, simulate_partitioned
 from cluster.sim.simulator import SimConfig
 
-CFG = SimConfig(workload="cc", nodes=8, split="4P4D", agents=24, duration_s=200, warmup_s=40, planner="static", telemetry="compact", seed=2)
+CFG = SimConfig(
+    workload="cc",
+    nodes=8,
+    split="4P4D",
+    agents=24,
+    duration_s=200,
+    warmup_s=40,
+    planner="static",
+    telemetry="compact",
+    seed=2,
+)
 
 
 def test_partitions_split_nodes_agents_and_seeds():
@@ -29,7 +39,9 @@ def test_partitions_land_in_one_database_and_match_serial_runs(tmp_path):
         assert parallel[key] == pytest.approx(serial[key], rel=1e-12), key
     r = telemetry.open_reader(db)
     assert sorted(r.runs()["run_id"].to_list()) == ["big-p0", "big-p1"]
-    nodes = r.sql("SELECT run_id, min(node_id) lo, max(node_id) hi FROM nodes GROUP BY run_id ORDER BY run_id")
+    nodes = r.sql(
+        "SELECT run_id, min(node_id) lo, max(node_id) hi FROM nodes GROUP BY run_id ORDER BY run_id"
+    )
     assert nodes.rows() == [("big-p0", 0, 3), ("big-p1", 4, 7)]  # global node ids
     reqs = r.sql("SELECT count(*) FROM requests WHERE t_arrival >= 40").item()
     assert reqs == parallel["requests"]

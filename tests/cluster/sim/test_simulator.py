@@ -204,7 +204,7 @@ def test_bad_config_is_rejected_with_clear_messages():
         SimConfig(split="4P4D", nodes=9).validate()
     with pytest.raises(ConfigError, match="exactly one"):
         SimConfig(agents=None, arrival_rate_per_min=None).validate()
-    with pytest.raises(ConfigError, match="unknown workload|choose one of"):
+    with pytest.raises(ConfigError, match=r"unknown workload|choose one of"):
         Simulator(SimConfig(workload="nope", nodes=4, split="2P2D", duration_s=10, warmup_s=0))
     with pytest.raises(ConfigError, match="unknown router"):
         Simulator(SimConfig(router="nope", nodes=4, split="2P2D", duration_s=10, warmup_s=0))

@@ -14,7 +14,7 @@ from cluster.workloads.analysis import check_disjoint, check_program, contexts, 
 from cluster.workloads.continuum import estimate_tokens
 from cluster.workloads.program import SHARED_SEGMENT_LIMIT
 from cluster.workloads.source import TRACE_BLOCK_BASE
-from cluster.workloads.traces import data_dir, sniff
+from cluster.workloads.traces import data_dir, open_text, resolve_trace_path, sniff
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "traces"
 SWE = FIXTURES / "sweagent_turns_slice.jsonl"
@@ -23,7 +23,8 @@ AZURE = FIXTURES / "azure_code_head200.csv"
 
 
 def _rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    with open_text(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def _ctx_tokens(program) -> list[int]:
@@ -204,22 +205,15 @@ def test_relative_paths_resolve_under_the_data_dir(monkeypatch):
     assert make_workload("azure_code_head200.csv").report.path == str(AZURE)
 
 
-FULL = data_dir() / "traces"
+# The full traces: ../shared/data when present, else the gzip copies bundled in fixtures.
+SWEAGENT_FULL = resolve_trace_path("thunderagent_sweagent_glm45fp8_h200_turns.jsonl")
 
 
-@pytest.mark.skipif(
-    not (FULL / "thunderagent_sweagent_glm45fp8_h200_turns.jsonl").exists(),
-    reason="full traces absent",
-)
 def test_full_sweagent_trace():
     for run, n in (("bs1", 5), ("bs4", 64), ("bs32", 64)):
-        src = make_workload(str(FULL / "thunderagent_sweagent_glm45fp8_h200_turns.jsonl"), run=run)
+        src = make_workload(str(SWEAGENT_FULL), run=run)
         assert src.report.num_programs == n
-    rows = [
-        r
-        for r in _rows(FULL / "thunderagent_sweagent_glm45fp8_h200_turns.jsonl")
-        if r["run"] == "bs32"
-    ]
+    rows = [r for r in _rows(SWEAGENT_FULL) if r["run"] == "bs32"]
     assert src.report.num_turns == len(rows) and src.report.num_compactions == 1
     by = {(r["instance"], r["step"]): r["input_tokens"] for r in rows}
     for p in src.trace_programs():
@@ -227,9 +221,6 @@ def test_full_sweagent_trace():
         assert _ctx_tokens(p) == [by[(inst, k + 1)] for k in range(len(p.turns))]
 
 
-@pytest.mark.skipif(
-    not (FULL / "mooncake_fast25_conversation_trace.jsonl").exists(), reason="full traces absent"
-)
 def test_full_mooncake_trace():
     src = make_workload("mooncake_fast25_conversation_trace.jsonl")
     assert src.report.num_programs == 12_031 and src.report.num_block_fixes == 0
