@@ -136,6 +136,9 @@ class ControlPlane:
         self.num_switches = 0
         self.collocated = False
         self.now = 0.0
+        # Requests admitted and not finished (queued for prefill, prefilling, in transfer or
+        # decoding): the planner's decode demand q (see cluster/planning.py).
+        self.in_service = 0
         if cfg.log_branch_counts:
             self.directory.count_listeners.append(self._log_count)
 
@@ -205,6 +208,8 @@ class ControlPlane:
         )
         decision = self.route(req)
         self.branches.place(req.branch_id, decision.node_id, req.now)
+        self.in_service += 1
+        self.stats.record_decode_load(req.now, self.in_service)
         return decision
 
     def route(self, req: RouteRequest) -> RouteDecision:
@@ -271,6 +276,8 @@ class ControlPlane:
         t_acc: float,
     ) -> None:
         self.state.decode_load[decode_node] = max(self.state.decode_load.get(decode_node, 0) - 1, 0)
+        self.in_service = max(self.in_service - 1, 0)
+        self.stats.record_decode_load(t, self.in_service)
         self.router.on_done(request_id, prefill_node)
         self.stats.record_request(t, t_uc, attn_pairs, t_c, t_out, t_acc)
 

@@ -5,6 +5,14 @@
   slice's mean work w_bar_i and decode load q_bar_i, the gain test (Eq. 6), and t_bar_n, f_n
   remeasured over the window; skip while a node drains and for 120 s after a switch; switch
   to the qualified candidate with the largest mean gain.
+
+  q_bar counts the requests in service (queued for prefill, prefilling, in transfer or
+  decoding), not only those decoding: by Little's law the decode term of Eq. 5 evaluated at
+  the measured decoding count equals the current throughput, so with the literal count no
+  candidate with more prefill nodes could ever gain, even when prefill is the bottleneck
+  (the OSWorld period of paper 000 §6.3, where the planner moves to 8P1D). Requests waiting
+  for prefill are decode demand that prefill holds back; when decode is the bottleneck the
+  prefill queue is short and the two counts agree.
 - `static`: never switches.
 - `dynamo`: Dynamo-like thresholds on prefill queue depth per prefill node and decode KV
   utilization, +-1 node per adjustment interval; the backend relaunches the node (out of
@@ -72,6 +80,7 @@ class WindowStats:
         self._req.append((t_uc, attn_pairs, t_c, t_out, t_acc))
 
     def record_decode_load(self, t: float, q: float) -> None:
+        """The decode demand q at time t (a step function; see the module docstring)."""
         if t < self._q_t[-1]:
             t = self._q_t[-1]
         if t == self._q_t[-1]:

@@ -418,25 +418,10 @@ class SGLangCluster(LiveCluster):
                 )
             )
 
-    def record_decode_load(self) -> None:
-        """The planner's decode load q: requests decoding now (first token seen, not done)."""
-        with self.lock:
-            # A request may sit in two nodes' maps (prefill until done, decode): count it once.
-            q = len(
-                {
-                    r.request_id
-                    for reqs in self.proxy.inflight.values()
-                    for r in reqs.values()
-                    if r.t_first_token is not None
-                }
-            )
-            self.cp.stats.record_decode_load(self.now(), float(q))
-
     def record_request(self, rec: LiveRequest) -> None:
-        """One `requests` row; the rolling latency; the decode load q of the planner."""
+        """One `requests` row and the rolling latency (the control plane counts q itself)."""
         with self.lock:
             self.request_latency.add(rec)
-            self.record_decode_load()
             if self.sink is None:
                 return
             self.sink.emit(

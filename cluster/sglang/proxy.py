@@ -102,8 +102,6 @@ class ProxyHost(Protocol):
 
     def record_request(self, rec: LiveRequest) -> None: ...
 
-    def record_decode_load(self) -> None: ...
-
 
 class Branch(NamedTuple):
     branch_id: str
@@ -570,7 +568,6 @@ class PDProxy:
             rec.t_first_token = now
             assert rec.decode_node is not None
             cp.on_transfer_done(rec.branch_id, rec.decode_node, now)
-            host.record_decode_load()
 
     async def _respond(self, rec: LiveRequest, c: _Committed) -> Response:
         headers = {

@@ -369,7 +369,6 @@ class Simulator:
         self.finished_programs = 0
         self.admission: AdmissionQueue | None = None
         self.epoch_token = 0
-        self.decode_population = 0
         self.split_timeline: list[tuple[float, int, int]] = []
         self.switch_log: list[dict[str, Any]] = []
         self._switch_rows: list[dict[str, Any]] = []
@@ -902,8 +901,6 @@ class Simulator:
         run.preemptions += 1
         self.preemptions += 1
         write_pcb(run.pcb, preemptions=run.preemptions)
-        self.decode_population -= 1
-        self.cp.stats.record_decode_load(self.now, self.decode_population)
         self._queue_insert(node, req, front=True)
 
     def _settle_epoch(self, node: SimNode, batch: list[SimRequest], n_it: int) -> None:
@@ -1301,8 +1298,6 @@ class Simulator:
 
     def _join(self, node: SimNode, req: SimRequest) -> None:
         node.join_queue.append(req)
-        self.decode_population += 1
-        self.cp.stats.record_decode_load(self.now, self.decode_population)
         self._schedule(node)
 
     # ---- decode ------------------------------------------------------------------------
@@ -1407,9 +1402,6 @@ class Simulator:
         req.t_done = now
         run = req.run
         i = req.turn_index
-        if req.decode_node >= 0 and req.t_out > 1:
-            self.decode_population -= 1
-            self.cp.stats.record_decode_load(now, self.decode_population)
         self.cp.on_request_done(
             req.request_id,
             req.prefill_node,
