@@ -98,3 +98,18 @@ def test_registry_lists_planners():
     assert PLANNERS.names() == ["arrow", "dynamo", "gain", "static"]
     with pytest.raises(ValueError, match="choose one of"):
         PLANNERS.create("nope")
+
+
+def test_decode_demand_counts_requests_in_service():
+    """q covers requests queued for prefill too: they are decode demand prefill holds back."""
+    from cluster.control_plane import ControlPlane, ControlPlaneConfig
+    from cluster.state import RouteRequest
+
+    cp = ControlPlane({0: "prefill", 1: "decode"}, {0: NODE, 1: NODE}, ControlPlaneConfig(planner="static"))
+    for i in range(3):
+        cp.admit(RouteRequest(f"r{i}", "p", f"b{i}", [], 1000, float(i)))
+    assert cp.in_service == 3
+    cp.on_request_done("r0", 0, 1, 4.0, t_uc=1000, t_c=0, attn_pairs=5e5, t_out=10, t_acc=1.0)
+    assert cp.in_service == 2
+    # time average over [0, 6): 1 (0-1) + 2 (1-2) + 3 (2-4) + 2 (4-6) = 1 + 2 + 6 + 4 = 13 / 6
+    assert cp.stats.mean_load(0.0, 6.0) == pytest.approx(13 / 6)
