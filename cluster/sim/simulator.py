@@ -34,7 +34,6 @@ import heapq
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -51,22 +50,16 @@ from cluster.policies.pcb import ProgramControlBlock, Signals, write_pcb
 from cluster.policies.retention import RELEASE, RetentionDecision, normalize_decision
 from cluster.policies.scheduling import FCFS, check_priority
 from cluster.sim.buffer import BufferedSink
+from cluster.sim.config import SimConfig, _spec, parse_split
 from cluster.sim.engine import DecodeEpoch, SimNode, SimRequest
 from cluster.sim.profiles import HardwareProfile, load_profile
+from cluster.sim.programs import ProgramRun
+from cluster.sim.warmup import fit_node_models
 from cluster.state import NodeReport, QueuedWork, RouteRequest
 from cluster.workloads import make_workload
 from cluster.workloads.loops import AdmissionQueue, OpenLoop
 from cluster.workloads.program import Program, Segment
-from models import DecodeModel, NodeModel, PrefillModel
-from models.fitting import (
-    DECODE_TERMS,
-    PREFILL_TERMS,
-    FitError,
-    GramStats,
-    decode_features,
-    fit_from_gram,
-    prefill_features,
-)
+from models import NodeModel
 
 # Event priorities at equal times: completions before new arrivals before planning.
 _FETCH, _TRANSFER, _PREFILL_END, _DECODE_END, _SWITCH_DONE, _RELEASE, _ARRIVAL, _WARMUP, _TICK = (
@@ -75,181 +68,6 @@ _FETCH, _TRANSFER, _PREFILL_END, _DECODE_END, _SWITCH_DONE, _RELEASE, _ARRIVAL, 
 
 DEFAULT_FETCH = {"ttft": "async"}  # other routers: engines with private caches (SGLang PD)
 DEFAULT_BINDER = {"ttft": "fewest"}  # other routers: the gateway's round-robin decode routing
-
-
-class PolicyRef(str):
-    """A policy class or instance given in code (notebooks), carried through `SimConfig` as
-    its display name so configs stay JSON-serializable; the loader uses `obj`."""
-
-    obj: Any
-
-    def __new__(cls, family: str, obj: Any) -> PolicyRef:
-        label = getattr(obj, "__name__", None) or type(obj).__name__
-        ref = super().__new__(cls, f"python:{label}")
-        ref.obj = obj
-        return ref
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> PolicyRef:
-        return self
-
-    def __copy__(self) -> PolicyRef:
-        return self
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_policy_ref, (str(self), self.obj))
-
-
-def _policy_ref(label: str, obj: Any) -> PolicyRef:
-    return PolicyRef("", obj)
-
-
-def parse_split(split: str, nodes: int) -> tuple[int, int] | None:
-    """'4P5D' -> (4, 5); 'collocated' -> None. Errors name what is allowed."""
-    if split == "collocated":
-        return None
-    s = split.upper()
-    try:
-        p_str, d_str = s.rstrip("D").split("P")
-        p, d = int(p_str), int(d_str)
-    except ValueError:
-        raise ConfigError(f"split must look like 4P5D or be 'collocated', got {split!r}") from None
-    if p < 1 or d < 1 or p + d != nodes:
-        raise ConfigError(
-            f"split {split} needs >= 1 prefill and >= 1 decode node summing to --nodes {nodes}"
-        )
-    return p, d
-
-
-@dataclass(frozen=True, slots=True)
-class SimConfig:
-    workload: str = "cc"
-    workload_params: dict[str, Any] = field(default_factory=dict)
-    nodes: int = 9
-    split: str = "4P5D"
-    agents: int | None = 126
-    arrival_rate_per_min: float | None = None
-    max_active: int = 258
-    duration_s: float = 3600.0
-    warmup_s: float = 600.0
-    planner: str = "gain"
-    router: str = "ttft"
-    eviction: str = "branch"
-    profile: str | HardwareProfile = "gb300"
-    seed: int = 0
-    kv_fetch: str | None = None  # default: async for ttft, none for the baselines
-    decode_binder: str | None = None
-    copy_price_s_per_token: float = 2e-7
-    relaunch_s: float = 700.0
-    window_s: float = 600.0
-    slices: int = 10
-    cooldown_s: float = 120.0
-    planner_tick_s: float = 10.0
-    telemetry: str = "full"  # full | compact (drops kv_events, branch_counts, router_decisions)
-    l1_tokens: int | None = None
-    l2_tokens: int | None = None
-    stagger_s: float = 60.0  # closed-loop agents start spread over this many seconds
-    # Program-level policy planes (paper 003 §3); specs are registry names, file paths
-    # (path/to/policy.py[:Class]), modules (pkg.mod:Class) or, in code, classes/instances.
-    retention: Any = None  # None: the tiers keep `eviction` (no retention decisions)
-    retention_params: dict[str, Any] = field(default_factory=dict)
-    scheduling: Any = "fcfs"
-    scheduling_params: dict[str, Any] = field(default_factory=dict)
-    dispatch: Any = None  # None: the PD router `router` places calls
-    dispatch_params: dict[str, Any] = field(default_factory=dict)
-    host_kv: bool = True  # False: one GPU KV pool per node, no host tier (collocated only)
-    max_programs: int | None = None  # stop admitting new programs after this many
-
-    def __post_init__(self) -> None:
-        for family in ("retention", "scheduling", "dispatch"):
-            spec = getattr(self, family)
-            if spec is not None and not isinstance(spec, str):
-                object.__setattr__(self, family, PolicyRef(family, spec))
-
-    def validate(self) -> None:
-        if self.nodes < 1 or (self.nodes < 2 and self.split != "collocated"):
-            raise ConfigError(
-                f"--nodes must be >= 2 (>= 1 with --split collocated), got {self.nodes}"
-            )
-        parse_split(self.split, self.nodes)
-        if not self.host_kv and self.split != "collocated":
-            raise ConfigError(
-                "host_kv=False (a single GPU KV pool, no host tier) needs --split collocated"
-            )
-        if self.max_programs is not None and self.max_programs < 1:
-            raise ConfigError(f"max_programs must be >= 1, got {self.max_programs}")
-        if self.scheduling is None:
-            raise ConfigError("scheduling must name a policy (default 'fcfs')")
-        if (self.agents is None) == (self.arrival_rate_per_min is None):
-            raise ConfigError(
-                "give exactly one of --agents N (closed loop) or --arrival-rate R (open loop)"
-            )
-        if self.agents is not None and self.agents < 1:
-            raise ConfigError(f"--agents must be >= 1, got {self.agents}")
-        if self.arrival_rate_per_min is not None and self.arrival_rate_per_min <= 0:
-            raise ConfigError(f"--arrival-rate must be > 0, got {self.arrival_rate_per_min}")
-        if self.duration_s <= 0 or self.warmup_s < 0 or self.warmup_s >= self.duration_s:
-            raise ConfigError(
-                f"need 0 <= --warmup < --duration, got {self.warmup_s} and {self.duration_s}"
-            )
-        if self.telemetry not in ("full", "compact"):
-            raise ConfigError(f"telemetry must be full or compact, got {self.telemetry!r}")
-        if self.eviction not in EVICTION_POLICIES:
-            raise ConfigError(
-                f"unknown eviction {self.eviction!r}; choose one of: {', '.join(EVICTION_POLICIES.names())}"
-            )
-
-
-class ProgramRun:
-    """Execution state of one program (its PCB as far as the engines are concerned)."""
-
-    __slots__ = (
-        "arrival",
-        "branch_ctx",
-        "branch_last",
-        "done_turns",
-        "finish_t",
-        "fork_parents",
-        "kv_paths",
-        "out_node",
-        "outputs_added",
-        "pcb",
-        "pending",
-        "preemptions",
-        "program",
-        "snapshots",
-        "succ",
-        "t_done",
-        "uid",
-    )
-
-    def __init__(self, program: Program, uid: int, arrival: float) -> None:
-        self.program = program
-        self.uid = uid
-        self.arrival = arrival
-        # What policies may see of this program (never `program` itself).
-        self.pcb = ProgramControlBlock(program.program_id, program.workload, arrival)
-        # Retention Plane: branch -> (nodes, block path) of its latest completed call.
-        self.kv_paths: dict[str, tuple[tuple[int, ...], list[int]]] = {}
-        self.outputs_added: set[int] = set()  # turns whose output is already in the context
-        self.preemptions = 0
-        n = len(program.turns)
-        self.pending = [len(t.deps) for t in program.turns]
-        self.succ: list[list[int]] = [[] for _ in range(n)]
-        for i, t in enumerate(program.turns):
-            for d in t.deps:
-                self.succ[d].append(i)
-        self.t_done: list[float | None] = [None] * n
-        self.done_turns = 0
-        self.branch_ctx: dict[str, ContextHasher] = {}
-        self.branch_last: dict[str, int] = {}  # branch -> its last released turn
-        self.snapshots: dict[int, ContextHasher] = {}  # fork parents: context incl. output
-        self.out_node: dict[int, int] = {}  # turn -> decode node that produced its output
-        self.fork_parents = {t.parent_turn for t in program.turns if t.kind == "fork"}
-        self.finish_t: float | None = None
-
-
-def _spec(spec: Any) -> Any:
-    return spec.obj if isinstance(spec, PolicyRef) else spec
 
 
 class Simulator:
@@ -1538,63 +1356,9 @@ class Simulator:
 
     # ---- warmup: fit and freeze (Alg. E.3 line 1) -----------------------------------------
     def _fit_models(self) -> dict[int, NodeModel]:
-        prof = self.profile
-        pre_rows: dict[int, np.ndarray] = {}
-        dec_rows: dict[int, np.ndarray] = {}
-        for n in self.node_ids:
-            if self._fit_prefill[n]:
-                pre_rows[n] = np.asarray(self._fit_prefill[n], dtype=np.float64)
-            if self._fit_decode[n]:
-                dec_rows[n] = np.concatenate(self._fit_decode[n])
-
-        def pre_stats(a: np.ndarray) -> GramStats:
-            return GramStats.from_rows(prefill_features(a[:, 0], a[:, 1], a[:, 2]), a[:, 3])
-
-        def dec_stats(a: np.ndarray) -> GramStats:
-            x = decode_features(a[:, 0], prof.t_fwd, prof.top_k, prof.num_experts)
-            return GramStats.from_rows(x, a[:, 1])
-
-        pooled_pre = [pre_stats(a) for a in pre_rows.values()]
-        pooled_dec = [dec_stats(a) for a in dec_rows.values()]
-        oracle = prof.node_model()
-        models: dict[int, NodeModel] = {}
-        report: dict[str, Any] = {}
-        for n in self.node_ids:
-            pre = oracle.prefill
-            dec = oracle.decode
-            for stats, terms, kind in (
-                (
-                    [pre_stats(pre_rows[n])] if n in pre_rows else pooled_pre,
-                    PREFILL_TERMS,
-                    "prefill",
-                ),
-                ([dec_stats(dec_rows[n])] if n in dec_rows else pooled_dec, DECODE_TERMS, "decode"),
-            ):
-                if not stats:
-                    report[f"{n}.{kind}"] = "no samples: profile coefficients kept"
-                    continue
-                total = stats[0]
-                for s in stats[1:]:
-                    total = total + s
-                try:
-                    coef, _ = fit_from_gram(total, terms)
-                except FitError as err:
-                    try:
-                        coef, _ = fit_from_gram(
-                            sum(stats[1:], stats[0]) if len(stats) > 1 else total, terms
-                        )
-                    except FitError:
-                        report[f"{n}.{kind}"] = f"{err}: profile coefficients kept"
-                        continue
-                if kind == "prefill":
-                    pre = PrefillModel.from_coef([float(c) for c in coef])
-                else:
-                    dec = DecodeModel.from_coef(
-                        [float(c) for c in coef], prof.top_k, prof.num_experts, prof.t_fwd
-                    )
-                report[f"{n}.{kind}"] = [float(c) for c in coef]
-            models[n] = NodeModel(pre, dec, mean_new_tokens=float(prof.chunk_tokens))
-        self.fit_report = report
+        models, self.fit_report = fit_node_models(
+            self.profile, self._fit_prefill, self._fit_decode, self.node_ids
+        )
         return models
 
     def _fit_only(self) -> None:
