@@ -281,6 +281,11 @@ class ControlPlane:
         self.router.on_done(request_id, prefill_node)
         self.stats.record_request(t, t_uc, attn_pairs, t_c, t_out, t_acc)
 
+    def on_request_abandoned(self, t: float) -> None:
+        """An admitted request failed for good (a live engine died): it leaves service."""
+        self.in_service = max(self.in_service - 1, 0)
+        self.stats.record_decode_load(t, self.in_service)
+
     def on_branch_finish(self, branch_id: str, t: float) -> None:
         self.branches.finish(branch_id, t)
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Container, Iterable, Sequence
 
+import numpy as np
+
 from cluster.core import BlockHash
 from cluster.workloads.program import Segment
 
@@ -69,6 +71,59 @@ def prefix_in(path: Sequence[BlockHash], held: Container[BlockHash]) -> int:
         else:
             hi = mid
     return lo
+
+
+class TokenPathCache:
+    """Block hashes of live requests' token ids, computed incrementally per branch.
+
+    A request whose input extends its branch's previous input hashes only the blocks its new
+    tokens complete; a rewritten context (compaction) rehashes from the first block that
+    changed. Token ids are kept per branch as uint32 arrays (4 bytes per token) until the
+    branch finishes (`forget`).
+    """
+
+    def __init__(self, block_tokens: int) -> None:
+        if block_tokens <= 0:
+            raise ValueError(f"block_tokens must be > 0, got {block_tokens}")
+        self.block_tokens = block_tokens
+        self._branches: dict[str, tuple[np.ndarray, list[BlockHash]]] = {}
+        self.blocks_hashed = 0
+
+    def path(self, branch_id: str, token_ids: Sequence[int]) -> list[BlockHash]:
+        bt = self.block_tokens
+        ids = np.asarray(token_ids, dtype=np.uint32)
+        prev = self._branches.get(branch_id)
+        keep = 0
+        if prev is not None:
+            p_ids, p_hashes = prev
+            full = min(len(p_hashes), len(ids) // bt)
+            if full and np.array_equal(ids[: full * bt], p_ids[: full * bt]):
+                keep = full
+            elif full:
+                # The first block that differs: binary search over whole-block prefixes.
+                lo, hi = 0, full
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    if np.array_equal(ids[: mid * bt], p_ids[: mid * bt]):
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                keep = lo
+            hashes = p_hashes[:keep]
+        else:
+            hashes = []
+        parent = hashes[-1] if hashes else ROOT_HASH
+        new = token_block_hashes(ids[keep * bt :].tolist(), bt, parent)
+        self.blocks_hashed += len(new)
+        hashes = hashes + new
+        self._branches[branch_id] = (ids, hashes)
+        return hashes
+
+    def forget(self, branch_id: str) -> None:
+        self._branches.pop(branch_id, None)
+
+    def __len__(self) -> int:
+        return len(self._branches)
 
 
 class ContextHasher:

@@ -48,7 +48,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from cluster.core import ConfigError
-from cluster.hashing import token_block_hashes
+from cluster.hashing import TokenPathCache
 from cluster.sglang.cluster_file import ClusterSettings, EngineSpec
 from cluster.sglang.payloads import (
     cached_tokens,
@@ -158,6 +158,7 @@ class LiveRequest:
     error: str | None = None
     engine_cached: bool = False  # cached_tokens came from the engine
     placed: bool = False  # an attempt holds router, in-flight and decode-load entries
+    admitted: bool = False  # the control plane counts it in service (cp.admit ran)
 
     def route_request(self, now: float) -> RouteRequest:
         return RouteRequest(
@@ -206,6 +207,8 @@ class PDProxy:
         self.tokenizer = make_tokenizer(s.tokenizer, self.client, self.headers)
         self.timeout = httpx.Timeout(s.request_timeout_s, connect=s.connect_timeout_s)
         self.inflight: dict[int, dict[str, LiveRequest]] = {}
+        # Block hashes per branch: a request hashes only the blocks its new tokens complete.
+        self.paths = TokenPathCache(host.cp.config.block_tokens)
         self.num_requests = 0
         self.num_errors = 0
         self.num_retries = 0
@@ -269,6 +272,7 @@ class PDProxy:
                 )
             nodes = cp.branches.nodes_of(branch_id)
             cp.on_branch_finish(branch_id, self.host.now())
+            self.paths.forget(branch_id)
         return JSONResponse({"branch_id": branch_id, "finished": True, "released_nodes": nodes})
 
     async def handle(self, route: str, request: Request) -> Response:
@@ -287,8 +291,8 @@ class PDProxy:
             status = getattr(e, "status", 400)
             return JSONResponse(error_json(str(e), status), status)
         host, cp = self.host, self.host.cp
-        bt = cp.config.block_tokens
-        path = token_block_hashes(ids, bt) if ids else []
+        with cp.lock:
+            path = self.paths.path(branch.branch_id, ids) if ids else []
         t_in = len(ids) if ids else estimate_tokens(prompt)
         with cp.lock:
             program = branch.program_id
@@ -349,6 +353,7 @@ class PDProxy:
             req = rec.route_request(now)
             if first:
                 decision = cp.admit(req, branch_kind=branch.kind, parent_id=branch.parent_id)  # type: ignore[arg-type]
+                rec.admitted = True
             else:
                 decision = cp.reroute(req)
             p = decision.node_id
@@ -662,9 +667,12 @@ class PDProxy:
                 )
             else:
                 self._abandon(rec)
+                if rec.admitted:
+                    cp.on_request_abandoned(now)
             if not ok:
                 rec.error = error
                 self.num_errors += 1
             if rec.anonymous:
                 cp.on_branch_finish(rec.branch_id, now)
+                self.paths.forget(rec.branch_id)
             host.record_request(rec)
