@@ -48,7 +48,7 @@ def test_token_path_cache_hashes_only_what_changed(base, extra, cut):
     assert cache.path("b", appended) == token_block_hashes(appended, bt)
     # Appending hashes only the blocks the new tokens complete.
     assert cache.blocks_hashed - before == len(appended) // bt - len(base) // bt
-    rewritten = appended[:cut] + [7, 7, 7]  # a compaction rewrites the tail
+    rewritten = [*appended[:cut], 7, 7, 7]  # a compaction rewrites the tail
     assert cache.path("b", rewritten) == token_block_hashes(rewritten, bt)
     cache.forget("b")
     assert len(cache) == 0
