@@ -43,6 +43,19 @@ log = logging.getLogger(__name__)
 PLANNER_MODES = ("auto", "advise", "off")
 
 
+def switch_state(sw: Any) -> dict[str, Any] | None:
+    """A pending phase switch as the REST API shows it (None when the node is not switching)."""
+    if sw is None:
+        return None
+    return {
+        "from_phase": sw.from_phase,
+        "to_phase": sw.to_phase,
+        "t_decided": sw.t_decided,
+        "trigger": sw.trigger,
+        "mode": sw.mode,
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class LiveConfig:
     """Pacing of the live simulation. Times in wall seconds unless the name says sim."""
@@ -237,15 +250,7 @@ class LiveCluster:
         return {
             "id": node_id,
             "phase": cp.state.phases[node_id],
-            "switching": None
-            if sw is None
-            else {
-                "from_phase": sw.from_phase,
-                "to_phase": sw.to_phase,
-                "t_decided": sw.t_decided,
-                "trigger": sw.trigger,
-                "mode": sw.mode,
-            },
+            "switching": switch_state(sw),
             "out_of_service": node.out_of_service,
             "queue": len(node.queue),
             "running": len(node.prefilling) + len(node.decode_batch),

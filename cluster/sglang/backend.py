@@ -37,7 +37,13 @@ import httpx
 from cluster.control_plane import ControlPlane, ControlPlaneConfig
 from cluster.core import ConfigError, KVEvent, Phase
 from cluster.planning import SwitchMode
-from cluster.server.live import LiveCluster, LiveConfig, NotFoundError, UnavailableError
+from cluster.server.live import (
+    LiveCluster,
+    LiveConfig,
+    NotFoundError,
+    UnavailableError,
+    switch_state,
+)
 from cluster.sglang.cluster_file import ClusterConfig, EngineSpec, load_cluster_config
 from cluster.sglang.engine_state import (
     EngineState,
@@ -619,15 +625,7 @@ class SGLangCluster(LiveCluster):
         return {
             "id": node_id,
             "phase": cp.state.phases[node_id],
-            "switching": None
-            if sw is None
-            else {
-                "from_phase": sw.from_phase,
-                "to_phase": sw.to_phase,
-                "t_decided": sw.t_decided,
-                "trigger": sw.trigger,
-                "mode": sw.mode,
-            },
+            "switching": switch_state(sw),
             "out_of_service": (not st.up) or st.relaunching,
             "queue": queue,
             "running": max(

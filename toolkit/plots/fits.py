@@ -174,6 +174,21 @@ def _zero_lines(fig: go.Figure, cols: tuple[int, ...]) -> None:
         fig.add_hline(y=0, line={"color": "#888", "width": 1, "dash": "dot"}, row=1, col=c)
 
 
+def _fits_or_message(
+    run: Run, fit: RunFit | None, phase: str, title: str
+) -> tuple[dict[int, PhaseFit], list[str]] | go.Figure:
+    """The phase's per-node fits, or a figure saying why there are none."""
+    if run.count(f"{phase}_iterations") == 0:
+        return no_data(title, run, f"no {phase} iterations logged in run {run.run_id}")
+    try:
+        fits, notes = _fits(run, fit, phase)
+    except FitInputError as exc:
+        return no_data(title, run, f"cannot fit run {run.run_id}: {exc}")
+    if not fits:
+        return no_data(title, run, f"no node's {phase} model could be fitted: " + "; ".join(notes))
+    return fits, notes
+
+
 def prefill_fit(
     db: Source,
     run_id: str | None = None,
@@ -186,16 +201,10 @@ def prefill_fit(
     `fit` reuses a `fit_run` result; `sample` caps the scatter points per node.
     """
     with open_run(db, run_id) as run:
-        if run.count("prefill_iterations") == 0:
-            return no_data(PREFILL_TITLE, run, f"no prefill iterations logged in run {run.run_id}")
-        try:
-            fits, notes = _fits(run, fit, "prefill")
-        except FitInputError as exc:
-            return no_data(PREFILL_TITLE, run, f"cannot fit run {run.run_id}: {exc}")
-        if not fits:
-            return no_data(
-                PREFILL_TITLE, run, "no node's prefill model could be fitted: " + "; ".join(notes)
-            )
+        got = _fits_or_message(run, fit, "prefill", PREFILL_TITLE)
+        if isinstance(got, go.Figure):
+            return got
+        fits, notes = got
         spec = PHASE_SQL["prefill"]
         source, pred, params = _model_sql(run, spec, fits)
         stats = _binned(
@@ -312,16 +321,10 @@ def decode_fit(
     The curve evaluates T_D(B) = d0 + d1·phi(B) + d2·B at each node's mean t_fwd.
     """
     with open_run(db, run_id) as run:
-        if run.count("decode_iterations") == 0:
-            return no_data(DECODE_TITLE, run, f"no decode iterations logged in run {run.run_id}")
-        try:
-            fits, notes = _fits(run, fit, "decode")
-        except FitInputError as exc:
-            return no_data(DECODE_TITLE, run, f"cannot fit run {run.run_id}: {exc}")
-        if not fits:
-            return no_data(
-                DECODE_TITLE, run, "no node's decode model could be fitted: " + "; ".join(notes)
-            )
+        got = _fits_or_message(run, fit, "decode", DECODE_TITLE)
+        if isinstance(got, go.Figure):
+            return got
+        fits, notes = got
         spec = PHASE_SQL["decode"]
         source, pred, params = _model_sql(run, spec, fits)
         stats = _binned(
