@@ -77,9 +77,7 @@ class _Base:
         return None
 
 
-def _local_only_decision(
-    name: str, node: int, req: RouteRequest, view: ClusterView
-) -> RouteDecision:
+def local_decision(name: str, node: int, req: RouteRequest, view: ClusterView) -> RouteDecision:
     """A decision for routers that only use what the node itself holds (plus the pool if async)."""
     bt = view.directory.block_tokens
     m = view.directory.longest_prefix(req.path, [node], with_gpu=False)
@@ -184,7 +182,7 @@ class CacheAwareRouter(_Base):
         self._insert(node, req.path, bt)
         self.load[node] = self.load.get(node, 0) + 1
         self._req_node[req.request_id] = node
-        return _local_only_decision(self.name, node, req, view)
+        return local_decision(self.name, node, req, view)
 
     def _insert(self, node: int, path: Sequence[int], bt: int) -> None:
         tree = self.trees.setdefault(node, OrderedDict())
@@ -238,7 +236,7 @@ class DynamoKVRouter(_Base):
                 best_key, node = key, n
         self.active_prefill[node] = self.active_prefill.get(node, 0) + prompt_blocks
         self._req[req.request_id] = (node, prompt_blocks)
-        return _local_only_decision(self.name, node, req, view)
+        return local_decision(self.name, node, req, view)
 
     def on_prefill_done(self, request_id: str, node: int) -> None:
         got = self._req.pop(request_id, None)
@@ -262,7 +260,7 @@ class StickySessionRouter(_Base):
         if node not in nodes:
             node = min(nodes, key=lambda n: (view.outstanding(n, req.now), n))
             self.home[req.program_id] = node
-        return _local_only_decision(self.name, node, req, view)
+        return local_decision(self.name, node, req, view)
 
 
 @ROUTERS.register("round-robin")
@@ -276,7 +274,7 @@ class RoundRobinRouter(_Base):
         nodes = _prefill_nodes(view)
         node = nodes[self._i % len(nodes)]
         self._i += 1
-        return _local_only_decision(self.name, node, req, view)
+        return local_decision(self.name, node, req, view)
 
 
 @ROUTERS.register("least-loaded")
@@ -286,7 +284,7 @@ class LeastLoadedRouter(_Base):
     def route(self, req: RouteRequest, view: ClusterView) -> RouteDecision:
         nodes = _prefill_nodes(view)
         node = min(nodes, key=lambda n: (view.outstanding(n, req.now), n))
-        return _local_only_decision(self.name, node, req, view)
+        return local_decision(self.name, node, req, view)
 
 
 @DECODE_BINDERS.register("fewest")

@@ -26,6 +26,7 @@ from typing import Any, Protocol, cast
 from cluster.core import ConfigError, Registry
 from cluster.policies.errors import PolicyError
 from cluster.policies.pcb import ProgramControlBlock, Signals
+from cluster.routing import local_decision
 from cluster.state import ClusterView, RouteDecision, RouteRequest
 
 
@@ -132,14 +133,3 @@ class DispatchRouter:
 
     def on_done(self, request_id: str, node: int) -> None:
         return None
-
-
-def local_decision(name: str, node: int, req: RouteRequest, view: ClusterView) -> RouteDecision:
-    """The node's own cached prefix, plus what it fetches from the pool when fetch is on."""
-    bt = view.directory.block_tokens
-    m = view.directory.longest_prefix(req.path, [node], with_gpu=False)
-    local = m.per_node[node] * bt
-    fetch = max(m.cluster * bt - local, 0) if view.kv_fetch != "none" else 0
-    if fetch and not view.fetch.fetches(fetch):
-        fetch = 0
-    return RouteDecision(node, name, None, local, fetch)

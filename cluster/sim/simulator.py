@@ -755,26 +755,19 @@ class Simulator:
                 node, path, host_from if gpu_from is None else min(host_from, gpu_from), t
             )
             return
-        if host_from < len(path):
-            hashes = path[host_from:]
-            entries = node.l2.entries
-            new_host = [h for h in hashes if h not in entries]
-            evicted = node.l2.insert(hashes, bt, t, host_from)
+        tiers = ((node.l2, host_from, "host"), (node.l1, gpu_from, "gpu"))
+        for cache, start, tier in tiers:
+            if start is None or start >= len(path):
+                continue
+            hashes = path[start:]
+            entries = cache.entries
+            new = [h for h in hashes if h not in entries]
+            evicted = cache.insert(hashes, bt, t, start)
             if evicted:
-                self._evicted(node, "host", evicted, t)
-            if new_host:
-                d.store(node.id, new_host, path[host_from - 1] if host_from else 0, "host", t, bt)
-                self._kv_rows(node.id, "host", "stored", new_host, t)
-        if gpu_from is not None and gpu_from < len(path):
-            hashes = path[gpu_from:]
-            entries = node.l1.entries
-            new_gpu = [h for h in hashes if h not in entries]
-            ev1 = node.l1.insert(hashes, bt, t, gpu_from)
-            if ev1:
-                self._evicted(node, "gpu", ev1, t)
-            if new_gpu:
-                d.store(node.id, new_gpu, path[gpu_from - 1] if gpu_from else 0, "gpu", t, bt)
-                self._kv_rows(node.id, "gpu", "stored", new_gpu, t)
+                self._evicted(node, tier, evicted, t)
+            if new:
+                d.store(node.id, new, path[start - 1] if start else 0, tier, t, bt)  # type: ignore[arg-type]
+                self._kv_rows(node.id, tier, "stored", new, t)
 
     def _store_pool(self, node: SimNode, path: list[int], start: int, t: float) -> None:
         """Unified pool: the blocks enter the GPU pool only (there is no host tier)."""
