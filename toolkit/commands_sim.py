@@ -189,6 +189,8 @@ def simulate_command(
         "mean_jct_s", "p99_jct_s", "preemptions", "mean_tpot_s", "mean_queueing_s",
     ):  # fmt: skip
         v = summary.get(key)
+        if v is None:
+            continue  # not applicable to this run (no partitions, no finished program, ...)
         table.add_row(key, f"{v:.4g}" if isinstance(v, float) else str(v))
     Console().print(table)
     for result, _ in fits or ():
