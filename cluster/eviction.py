@@ -15,6 +15,7 @@ reports the block's branch count and last access (the `evictions` table).
 from __future__ import annotations
 
 import heapq
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import NamedTuple, Protocol
 
@@ -249,3 +250,93 @@ class TierCache:
             raise AssertionError(
                 f"node {self.node} {self.tier}: over capacity {used} > {self.capacity_tokens}"
             )
+
+
+class LRUTierCache(TierCache):
+    """Exact LRU without a heap: `entries` is kept in recency order (an OrderedDict).
+
+    Used for GPU memory (L1), where every prefill touches its prefix: a touch is one
+    `move_to_end` per block instead of a lazily corrected heap entry. A chain is touched
+    leaf first, so a parent is always more recent than its children and leaves go first
+    (the key (T_b, -depth) of the heap version). Accesses must not go back in time.
+    """
+
+    def __init__(
+        self,
+        node: int,
+        tier: Tier,
+        capacity_tokens: int,
+        count_of: Callable[[BlockHash], int] | None = None,
+    ) -> None:
+        super().__init__(node, tier, capacity_tokens, LRUEviction(), count_of)
+        self.entries: OrderedDict[BlockHash, _Entry] = OrderedDict()
+
+    def _push(self, h: BlockHash, e: _Entry, count: int | None = None) -> None:
+        return None  # recency order lives in `entries`
+
+    def insert(
+        self, hashes: Iterable[BlockHash], tokens: int, t: float, first_depth: int
+    ) -> list[Evicted]:
+        chain = list(hashes)
+        entries = self.entries
+        new = [h for h in chain if h not in entries]
+        evicted: list[Evicted] = []
+        need = self.used_tokens + tokens * len(new) - self.capacity_tokens
+        if need > 0:
+            for h in reversed(chain):  # the chain's cached blocks are in use: not victims
+                if h in entries:
+                    entries.move_to_end(h)
+            evicted = self.evict(need)
+        room = (self.capacity_tokens - self.used_tokens) // tokens if tokens else len(new)
+        admitted = set(new[: max(room, 0)])  # the chain's leading new blocks, if space is short
+        depth = first_depth + len(chain) - 1
+        for h in reversed(chain):
+            e = entries.get(h)
+            if e is not None:
+                if t > e.access:
+                    e.access = t
+                entries.move_to_end(h)
+            elif h in admitted:
+                entries[h] = _Entry(tokens, t, depth)
+                self.used_tokens += tokens
+            depth -= 1
+        return evicted
+
+    def touch(self, hashes: Iterable[BlockHash], t: float) -> None:
+        entries = self.entries
+        for h in reversed(list(hashes)):
+            e = entries.get(h)
+            if e is not None:
+                if t > e.access:
+                    e.access = t
+                entries.move_to_end(h)
+
+    def unpin(self, hashes: Iterable[BlockHash]) -> None:
+        for h in hashes:
+            e = self.entries.get(h)
+            if e is not None and e.pins > 0:
+                e.pins -= 1
+
+    def clear(self) -> list[BlockHash]:
+        gone = list(self.entries)
+        self.entries.clear()
+        self.used_tokens = 0
+        return gone
+
+    def evict(self, need_tokens: int) -> list[Evicted]:
+        out: list[Evicted] = []
+        freed = 0
+        entries = self.entries
+        pinned: list[BlockHash] = []
+        while freed < need_tokens and entries:
+            h, e = entries.popitem(last=False)
+            if e.pins:
+                pinned.append(h)
+                entries[h] = e  # pinned: keep it, after the others
+                if len(pinned) > len(entries):
+                    break
+                continue
+            self.used_tokens -= e.tokens
+            freed += e.tokens
+            out.append(Evicted(h, e.tokens, self.count_of(h), e.access))
+        return out

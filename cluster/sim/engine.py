@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cluster.core import BlockHash, Phase
-from cluster.eviction import Evicted, EvictionPolicy, LRUEviction, TierCache
+from cluster.eviction import Evicted, EvictionPolicy, LRUTierCache, TierCache
 from cluster.hashing import prefix_in
 
 if TYPE_CHECKING:
@@ -189,7 +189,7 @@ class SimNode:
         self.id = node_id
         self.phase: Phase = phase
         if caches is None:
-            self.l1 = TierCache(node_id, "gpu", l1_tokens, LRUEviction(), count_of)
+            self.l1 = LRUTierCache(node_id, "gpu", l1_tokens, count_of)
             self.l2 = TierCache(node_id, "host", l2_tokens, policy, count_of)
         else:
             self.l1, self.l2 = caches
