@@ -188,6 +188,8 @@ class SimNode:
     ) -> None:
         self.id = node_id
         self.phase: Phase = phase
+        self.l1: TierCache
+        self.l2: TierCache
         if caches is None:
             self.l1 = LRUTierCache(node_id, "gpu", l1_tokens, count_of)
             self.l2 = TierCache(node_id, "host", l2_tokens, policy, count_of)
