@@ -204,11 +204,9 @@ class ContextHasher:
         pieces: list[tuple[int, int, int]] = []
         for seg in kept:
             end = pos + seg.tokens
-            if end <= covered:
-                pass
-            elif pos >= covered:
+            if pos >= covered:
                 tail.append(seg)
-            else:
+            elif end > covered:  # straddles the last full block: its rest starts a piece
                 pieces.append((seg.seg_id, covered - pos, seg.tokens))
             pos = end
             other.segments.append(seg)
