@@ -205,7 +205,7 @@ def experiment_command(
     processes: int = typer.Option(2, help="Worker processes"),
     as_json: bool = typer.Option(False, "--json", help="Print rows and verdict as one JSON object"),
 ) -> None:
-    """Reproduce one of paper 000's qualitative results on the simulator (issue #4)."""
+    """Reproduce one of paper 000's qualitative results on the simulator."""
     from cluster.core import tune_gc
     from cluster.sim.experiments import configs, run_experiment
 

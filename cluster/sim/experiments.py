@@ -1,4 +1,4 @@
-"""Reproductions of paper 000's qualitative results on the embedded simulator (issue #4).
+"""Reproductions of paper 000's qualitative results on the embedded simulator.
 
 Each experiment is a list of simulator configurations plus a verdict computed from their
 summaries; `run_experiment(name)` runs them on local processes and returns the rows and
