@@ -1,8 +1,8 @@
 """`pdlab fit` on the simulator's own logs recovers the hardware profile (issue #4 must-show).
 
-Prefill: every coefficient within 2% of the profile. Decode: Eq. 2 omits the context-length
-term the simulator's ground truth includes (paper 000 App. B.4), so the raw fit absorbs it
-into d1/d2. We show that the omitted term explains the difference: (a) fitting the same
+Prefill: every coefficient within 2% of the profile. Decode: every raw coefficient within
+5%; Eq. 2 omits the context-length term the simulator's ground truth includes (paper 000
+App. B.4), so the raw fit absorbs it into d0-d2. We show that the omitted term explains the difference: (a) fitting the same
 rows with the logged context term removed recovers the profile within 2%, and (b) the raw
 fit matches, within 2%, the best the Eq. 2 form can do on noise-free ground truth.
 """
@@ -23,13 +23,16 @@ PROFILE = PRESETS["gb300"]
 @pytest.fixture(scope="module")
 def run_db(tmp_path_factory):
     db = tmp_path_factory.mktemp("fit") / "sim.duckdb"
-    # A small GPU cache makes host restores frequent, so c3 is identifiable.
+    # A small GPU cache makes host restores frequent, so c3 is identifiable. Two hours give
+    # each prefill node ~7,000 iterations: with 3% noise the standard error of the small
+    # quadratic term c2 is then ~0.6%, so the 2% bound is a real check, not a coin toss
+    # (at 30 minutes, ~2,600 iterations, its 95% bootstrap interval is +-2.2%).
     cfg = SimConfig(
         workload="cc",
         nodes=4,
         split="2P2D",
         agents=80,
-        duration_s=1800,
+        duration_s=7200,
         warmup_s=0,
         planner="static",
         stagger_s=300,
@@ -84,4 +87,5 @@ def test_decode_difference_is_the_omitted_context_term(run_db):
         best = DecodeRegressor(PROFILE.top_k, PROFILE.num_experts).fit(xs, truth)
         assert max(_rel(entry["coef"], best.coef_)) < 0.02
         assert entry["mape"] < 0.035
-        assert abs(entry["coef"][0] - PROFILE.decode[0]) / PROFILE.decode[0] < 0.02
+        # and the raw fit itself is within the 5% the issue allows for decode.
+        assert max(_rel(entry["coef"], PROFILE.decode)) < 0.05, entry
