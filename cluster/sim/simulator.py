@@ -70,6 +70,15 @@ DEFAULT_FETCH = {"ttft": "async"}  # other routers: engines with private caches 
 DEFAULT_BINDER = {"ttft": "fewest"}  # other routers: the gateway's round-robin decode routing
 
 
+def branch_key(program_id: str, branch: str) -> str:
+    """The cluster-wide branch ID the simulated harness tags requests with.
+
+    Workloads name branches within their program ('root', 'sub0.1'); the control plane's
+    branch table (Alg. E.1) needs IDs unique across the cluster, as a live harness sends.
+    """
+    return f"{program_id}/{branch}"
+
+
 class Simulator:
     """See module docstring. `run()` returns the summary dict (SPEC §7 keys)."""
 
@@ -451,11 +460,12 @@ class Simulator:
         t_in = h.tokens
         ideal_blocks = self._ideal_prefix(path)
         rid = f"{run.program.program_id}/{i}"
+        bid = branch_key(run.program.program_id, turn.branch_id)
         req = SimRequest(
             rid,
             run,
             i,
-            turn.branch_id,
+            bid,
             path,
             t_in,
             turn.output_tokens,
@@ -469,8 +479,13 @@ class Simulator:
         self.requests.append(req)
         self._on_release(run, turn, req)
         kind = turn.kind if turn.kind in ("start", "fork", "subagent") else "start"
-        rr = RouteRequest(rid, run.program.program_id, turn.branch_id, path, t_in, now)
-        decision = self.cp.admit(rr, branch_kind=kind, parent_id=turn.parent_branch)
+        rr = RouteRequest(rid, run.program.program_id, bid, path, t_in, now)
+        parent = turn.parent_branch
+        decision = self.cp.admit(
+            rr,
+            branch_kind=kind,
+            parent_id=None if parent is None else branch_key(run.program.program_id, parent),
+        )
         self._enqueue(req, decision.node_id, decision.cached_tokens, decision.fetch_tokens)
 
     def _ideal_prefix(self, path: list[int]) -> int:
@@ -1247,7 +1262,7 @@ class Simulator:
         turn = run.program.turns[i]
         self._planes_complete(run, req, turn)
         if turn.finishes_branch:
-            self.cp.on_branch_finish(turn.branch_id, now)
+            self.cp.on_branch_finish(req.branch_id, now)
         for j in run.succ[i]:
             run.pending[j] -= 1
             if run.pending[j] == 0:
@@ -1257,8 +1272,9 @@ class Simulator:
                 )
         if run.done_turns == len(run.program.turns):
             for b in list(run.branch_ctx):
-                if b in self.cp.branches.branches:
-                    self.cp.on_branch_finish(b, now)
+                key = branch_key(run.program.program_id, b)
+                if key in self.cp.branches.branches:
+                    self.cp.on_branch_finish(key, now)
             self._program_done(run)
         dnode = self.nodes.get(req.decode_node)
         if dnode is not None and dnode.switch is not None and dnode.idle():

@@ -6,6 +6,7 @@ import duckdb
 import numpy as np
 import pytest
 
+from telemetry import TelemetryWriter
 from toolkit.plots import branch_count_tree, branch_counts_over_time, eviction_timeline
 
 
@@ -110,17 +111,17 @@ def test_count_tree_shows_the_most_shared_blocks_at_t(sim_run):
 
 def test_count_tree_of_one_branch(sim_run):
     rid = sim_run.run_id
-    with pytest.raises(ValueError, match=r"occurs in \d+ programs"):
-        branch_count_tree(sim_run.db, rid, branch_id="root")
-    (program, t, node) = _rows(
+    (program, branch, t, node) = _rows(
         sim_run.db,
         f"""
-        SELECT r.program_id, d.t, d.node_id FROM router_decisions d JOIN requests r
-        USING (run_id, request_id) WHERE d.run_id = '{rid}' AND r.branch_id = 'root'
+        SELECT r.program_id, r.branch_id, d.t, d.node_id FROM router_decisions d
+        JOIN requests r USING (run_id, request_id)
+        WHERE d.run_id = '{rid}' AND r.branch_id LIKE '%/root'
         ORDER BY d.t DESC LIMIT 1
         """,
     )[0]
-    fig = branch_count_tree(sim_run.db, rid, branch_id="root", program_id=program, max_blocks=500)
+    assert branch == f"{program}/root"  # the simulated harness sends cluster-wide IDs
+    fig = branch_count_tree(sim_run.db, rid, branch_id=branch, max_blocks=500)
     (heat,) = fig.data
     # Its last placement counts its path on the chosen node.
     assert heat.meta["t"] >= t
@@ -128,3 +129,35 @@ def test_count_tree_of_one_branch(sim_run):
     assert np.nanmax(np.asarray(heat.z, dtype=float)[:, col]) >= 1
     missing = branch_count_tree(sim_run.db, rid, branch_id="nope", program_id=program)
     assert "no counted blocks found for branch 'nope'" in missing.layout.annotations[0].text
+
+
+def test_count_tree_asks_for_the_program_when_branch_ids_repeat(tmp_path):
+    """Harnesses outside pdlab may name branches per program ('root' in every agent)."""
+    db = tmp_path / "ext.duckdb"
+    with TelemetryWriter(db, run_id="ext", source="external") as w:
+        w.add_nodes(
+            {"node_id": [0], "name": ["n0"], "hardware": ["x"], "moe_top_k": [8],
+             "moe_experts": [256]}
+        )  # fmt: skip
+        w.append(
+            "requests",
+            {
+                "request_id": ["a/0", "b/0"],
+                "program_id": ["a", "b"],
+                "branch_id": ["root", "root"],
+                "t_arrival": [0.0, 1.0],
+                "prefill_node": [0, 0],
+                "decode_node": [0, 0],
+                "t_in": [1000, 1000],
+                "t_c": [0, 0],
+                "t_fetch": [0, 0],
+                "t_out": [10, 10],
+                "t_prefill_start": [0.1, 1.1],
+                "t_first_token": [0.2, 1.2],
+                "t_done": [1.0, 2.0],
+                "t_ideal_c": [0, 0],
+            },
+        )
+        w.append("branch_counts", {"t": [0.1], "node_id": [0], "block_hash": [7], "count": [1]})
+    with pytest.raises(ValueError, match=r"occurs in 2 programs of run ext; pass program_id"):
+        branch_count_tree(db, "ext", branch_id="root")
