@@ -42,6 +42,11 @@ def simulate_command(
     warmup: float = typer.Option(
         600.0, help="Warmup seconds excluded from metrics (collocated + fit for the gain planner)"
     ),
+    learn: float | None = typer.Option(
+        None,
+        help="Seconds of collocated learning before disaggregation (Alg. E.3 T_learn; "
+        "default: the whole warmup)",
+    ),
     planner: str = typer.Option("gain", help="gain | static | dynamo | arrow"),
     router: str = typer.Option(
         "ttft", help="ttft | cache-aware | dynamo | sticky | round-robin | least-loaded"
@@ -71,7 +76,8 @@ def simulate_command(
         "fcfs", help="Scheduling priority: fcfs | program-fcfs | plas | path.py[:Class]"
     ),
     dispatch: str | None = typer.Option(
-        None, help="Program routing instead of --router: round-robin | least-loaded | "
+        None,
+        help="Program routing instead of --router: round-robin | least-loaded | "
         "session-affinity | path.py[:Class]",
     ),
     policy_param: list[str] = typer.Option(
@@ -119,6 +125,7 @@ def simulate_command(
             max_active=max_active,
             duration_s=duration,
             warmup_s=warmup,
+            learn_s=learn,
             planner=planner,
             router=router,
             eviction=eviction,

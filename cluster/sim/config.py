@@ -64,6 +64,10 @@ class SimConfig:
     max_active: int = 258
     duration_s: float = 3600.0
     warmup_s: float = 600.0
+    # Alg. E.3's T_learn: collocated serving and the model fit before disaggregation starts
+    # (gain planner; other planners fit then). None: the whole warmup. A shorter T_learn lets
+    # the planner's first window and decision fall inside the warmup, as in paper 000's runs.
+    learn_s: float | None = None
     planner: str = "gain"
     router: str = "ttft"
     eviction: str = "branch"
@@ -123,6 +127,11 @@ class SimConfig:
         if self.duration_s <= 0 or self.warmup_s < 0 or self.warmup_s >= self.duration_s:
             raise ConfigError(
                 f"need 0 <= --warmup < --duration, got {self.warmup_s} and {self.duration_s}"
+            )
+        if self.learn_s is not None and not 0 < self.learn_s <= self.warmup_s:
+            raise ConfigError(
+                f"need 0 < --learn <= --warmup (learning ends within the warmup), "
+                f"got {self.learn_s} and {self.warmup_s}"
             )
         if self.telemetry not in ("full", "compact"):
             raise ConfigError(f"telemetry must be full or compact, got {self.telemetry!r}")

@@ -282,10 +282,11 @@ class Simulator:
         gain_warmup = cfg.planner == "gain" and cfg.warmup_s > 0 and not self.collocated_only
         if self.collocated_only or gain_warmup:
             self.cp.start_collocated()
+        learn = cfg.warmup_s if cfg.learn_s is None else cfg.learn_s
         if gain_warmup:
-            self._at(cfg.warmup_s, _WARMUP, self._end_warmup)
+            self._at(learn, _WARMUP, self._end_warmup)
         elif cfg.warmup_s > 0:
-            self._at(cfg.warmup_s, _WARMUP, self._fit_only)
+            self._at(learn, _WARMUP, self._fit_only)
         self._record_split()
         if cfg.planner_tick_s > 0 and not self.collocated_only:
             self._at(cfg.planner_tick_s, _TICK, self._tick)

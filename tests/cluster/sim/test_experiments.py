@@ -25,6 +25,8 @@ def test_planner_runs_are_scored_after_the_paper_warmup():
     for quick, warmup in ((True, 1200.0), (False, 1800.0)):
         cfgs = configs("planner", quick)
         assert {c.warmup_s for c in cfgs} == {warmup}
+        # Learning, the first window and the first decision all end inside the warmup.
+        assert all(c.learn_s + c.window_s + c.cooldown_s < c.warmup_s for c in cfgs)
         assert {c.split for c in cfgs if c.planner == "gain"} == {"6P3D", "3P6D"}
 
 

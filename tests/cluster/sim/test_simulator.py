@@ -1,5 +1,6 @@
 """Simulator behaviour: determinism, golden summaries, conservation, switches, relaunch."""
 
+import dataclasses
 import json
 import math
 import os
@@ -227,3 +228,37 @@ def test_open_loop_admission():
     sim.run()
     assert sim.admission is not None and sim.admission.active <= 5
     assert sim.admission.num_waiting > 0  # 30 agents/min far exceeds 5 slots
+
+
+def test_learning_period_shorter_than_the_warmup():
+    """T_learn (Alg. E.3 line 1) ends inside the warmup: the planner decides before scoring."""
+    cfg = SimConfig(
+        workload="cc",
+        nodes=4,
+        split="3P1D",
+        agents=24,
+        duration_s=700,
+        warmup_s=500,
+        learn_s=100,
+        planner="gain",
+        window_s=120,
+        slices=6,
+        cooldown_s=30,
+        seed=1,
+    )
+    sim = Simulator(cfg)
+    s = sim.run()
+    # Collocated (4 nodes serving both phases) until t = 100, then the 3P1D split.
+    assert sim.split_timeline[0] == (0.0, 4, 4)
+    assert sim.split_timeline[1] == (100.0, 3, 1)
+    assert sim.warm and set(sim.cp.state.models) == {0, 1, 2, 3}  # fitted at the end of learning
+    # The first planner window closes at 100 + 120 s, inside the 500 s warmup.
+    decided = [t for t, *_ in sim.split_timeline[2:]]
+    assert not decided or decided[0] >= 220.0
+    assert s["requests"] > 0
+    for bad, msg in (
+        (dict(learn_s=0.0), "need 0 < --learn <= --warmup"),
+        (dict(learn_s=600.0), r"got 600.0 and 500"),
+    ):
+        with pytest.raises(ConfigError, match=msg):
+            Simulator(dataclasses.replace(cfg, **bad))
