@@ -40,7 +40,9 @@ def simulate_command(
     max_active: int = typer.Option(258, help="Open loop admission limit (concurrent agents)"),
     duration: float = typer.Option(3600.0, help="Simulated seconds"),
     warmup: float = typer.Option(
-        600.0, help="Warmup seconds excluded from metrics (collocated + fit for the gain planner)"
+        600.0,
+        help="Warmup seconds excluded from metrics (the gain planner serves collocated and "
+        "fits during the first --learn of them)",
     ),
     learn: float | None = typer.Option(
         None,

@@ -197,6 +197,8 @@ def test_cli_sweep_and_simulate_report_program_metrics(tmp_path):
     assert summary["mean_jct_s"] > 0 and summary["p99_jct_s"] >= summary["mean_jct_s"]
     res = runner.invoke(app, [*sim[:-1], "--policy-param", "ttl.tau=1", "--json"])
     assert res.exit_code == 2 and "FAMILY.KEY=VALUE" in res.output
+    res = runner.invoke(app, [*sim[:-1], "--learn", "60", "--json"])  # warmup is 0
+    assert res.exit_code == 2 and "need 0 < --learn <= --warmup" in res.output
 
 
 def test_openevolve_evaluator_file_exposes_evaluate(tmp_path, monkeypatch):
