@@ -105,7 +105,9 @@ def test_decode_demand_counts_requests_in_service():
     from cluster.control_plane import ControlPlane, ControlPlaneConfig
     from cluster.state import RouteRequest
 
-    cp = ControlPlane({0: "prefill", 1: "decode"}, {0: NODE, 1: NODE}, ControlPlaneConfig(planner="static"))
+    cp = ControlPlane(
+        {0: "prefill", 1: "decode"}, {0: NODE, 1: NODE}, ControlPlaneConfig(planner="static")
+    )
     for i in range(3):
         cp.admit(RouteRequest(f"r{i}", "p", f"b{i}", [], 1000, float(i)))
     assert cp.in_service == 3
