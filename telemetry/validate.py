@@ -48,7 +48,12 @@ _FAMILY: dict[str, Callable[[pa.DataType], bool]] = {
     "TIMESTAMP": pa.types.is_timestamp,
     "DOUBLE[]": lambda t: (
         (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t))
-        and (pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type))
+        and (
+            pa.types.is_integer(t.value_type)
+            or pa.types.is_floating(t.value_type)
+            # [] or [None, ...]: Arrow infers list<null>, which casts to list<double>
+            or pa.types.is_null(t.value_type)
+        )
     ),
 }
 _FAMILY["JSON"] = _FAMILY["VARCHAR"]
