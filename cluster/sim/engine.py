@@ -19,7 +19,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cluster.core import BlockHash, Phase
-from cluster.eviction import Evicted, EvictionPolicy, LRUTierCache, TierCache
+from cluster.eviction import (
+    BranchAwareEviction,
+    Evicted,
+    EvictionPolicy,
+    LRUEviction,
+    LRUTierCache,
+    RecencyTierCache,
+    TierCache,
+)
 from cluster.hashing import prefix_in
 
 if TYPE_CHECKING:
@@ -192,7 +200,14 @@ class SimNode:
         self.l2: TierCache
         if caches is None:
             self.l1 = LRUTierCache(node_id, "gpu", l1_tokens, count_of)
-            self.l2 = TierCache(node_id, "host", l2_tokens, policy, count_of)
+            # The built-in policies get the heap-free exact order; a user's policy (any key)
+            # gets the general heap.
+            host = (
+                RecencyTierCache
+                if type(policy) in (BranchAwareEviction, LRUEviction)
+                else TierCache
+            )
+            self.l2 = host(node_id, "host", l2_tokens, policy, count_of)
         else:
             self.l1, self.l2 = caches
         self.unified = self.l2 is self.l1  # no host tier: L1 is the whole KV pool

@@ -781,6 +781,8 @@ class Simulator:
             evicted = cache.insert(hashes, bt, t, start)
             if evicted:
                 self._evicted(node, tier, evicted, t)
+            if new and new[-1] not in entries:  # no room for all (pinned blocks)
+                new = [h for h in new if h in entries]
             if new:
                 d.store(node.id, new, path[start - 1] if start else 0, tier, t, bt)  # type: ignore[arg-type]
                 self._kv_rows(node.id, tier, "stored", new, t)
