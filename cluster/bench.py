@@ -19,7 +19,7 @@ import numpy as np
 
 from cluster.core import KVEvent, KVEventKind
 from cluster.directory import KVDirectory
-from cluster.hashing import chain
+from cluster.hashing import chain_path
 from cluster.routing import PredictedTTFTRouter
 from cluster.state import ClusterState, ClusterView, NodeReport, QueuedWork, RouteRequest
 from models import DecodeModel, NodeModel, PrefillModel
@@ -30,21 +30,11 @@ CTX_BLOCKS = 1024  # 64K tokens
 
 def _paths(num: int, rng: np.random.Generator) -> list[list[int]]:
     """Contexts that share prefixes like agents do: a few system prompts, then unique."""
-    prompts = []
-    for p in range(8):
-        h, path = 0, []
-        for i in range(32):
-            h = chain(h, (p, i))
-            path.append(h)
-        prompts.append(path)
+    prompts = [chain_path(p, 32) for p in range(8)]
     out = []
     for k in range(num):
-        base = list(prompts[k % 8])
-        h = base[-1]
-        for i in range(CTX_BLOCKS - len(base)):
-            h = chain(h, (k, i))
-            base.append(h)
-        out.append(base)
+        base = prompts[k % 8]
+        out.append(base + chain_path(k, CTX_BLOCKS - len(base), base[-1]))
     return out
 
 
@@ -105,11 +95,7 @@ def run(quick: bool) -> dict[str, Any]:
         path = paths[int(rng.integers(0, num_ctx))]
         cut = int(rng.integers(CTX_BLOCKS // 2, CTX_BLOCKS))
         # A new turn: the cached context plus appended blocks nobody holds yet.
-        h = path[cut - 1]
-        extra = []
-        for j in range(CTX_BLOCKS - cut):
-            h = chain(h, ("new", i, j))
-            extra.append(h)
+        extra = chain_path(("new", i), CTX_BLOCKS - cut, path[cut - 1])
         req = RouteRequest(f"r{i}", "p", "b", path[:cut] + extra, CTX_BLOCKS * BLOCK, 10.5)
         c = time.thread_time()
         t = time.perf_counter()

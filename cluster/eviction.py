@@ -380,6 +380,11 @@ class RecencyTierCache(TierCache):
     back meanwhile), then adds the chain's leading new blocks that fit.
     """
 
+    @staticmethod
+    def orders(policy: EvictionPolicy) -> bool:
+        """Whether this cache can keep `policy`'s order (the built-in policies)."""
+        return type(policy) in (BranchAwareEviction, LRUEviction)
+
     def __init__(
         self,
         node: int,
@@ -388,7 +393,7 @@ class RecencyTierCache(TierCache):
         policy: EvictionPolicy,
         count_of: Callable[[BlockHash], int] | None = None,
     ) -> None:
-        if type(policy) not in (BranchAwareEviction, LRUEviction):
+        if not self.orders(policy):
             raise ValueError(
                 f"RecencyTierCache orders the built-in 'branch' and 'lru' policies only, got "
                 f"{policy.name!r} (use TierCache for other policies)"
@@ -513,13 +518,6 @@ class RecencyTierCache(TierCache):
                 self._unplace(h, e)
                 e.group = 0
                 self._place(h, e)
-
-    def pin(self, hashes: Iterable[BlockHash]) -> None:
-        entries = self.entries
-        for h in hashes:
-            e = entries.get(h)
-            if e is not None:
-                e.pins += 1
 
     def unpin(self, hashes: Iterable[BlockHash]) -> None:
         entries = self.entries

@@ -38,6 +38,16 @@ def chain(parent: BlockHash, content: tuple[object, ...]) -> BlockHash:
     return h if h != ROOT_HASH else 1
 
 
+def chain_path(tag: object, n: int, parent: BlockHash = ROOT_HASH) -> list[BlockHash]:
+    """A synthetic chain of `n` blocks below `parent`, block i holding content (tag, i)
+    (benchmarks and tests that need distinct, deterministic paths)."""
+    out = []
+    for i in range(n):
+        parent = chain(parent, (tag, i))
+        out.append(parent)
+    return out
+
+
 def token_block_hashes(
     token_ids: Sequence[int], block_tokens: int, parent: BlockHash = ROOT_HASH
 ) -> list[BlockHash]:

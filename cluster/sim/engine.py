@@ -20,10 +20,8 @@ import numpy as np
 
 from cluster.core import BlockHash, Phase
 from cluster.eviction import (
-    BranchAwareEviction,
     Evicted,
     EvictionPolicy,
-    LRUEviction,
     LRUTierCache,
     RecencyTierCache,
     TierCache,
@@ -202,11 +200,7 @@ class SimNode:
             self.l1 = LRUTierCache(node_id, "gpu", l1_tokens, count_of)
             # The built-in policies get the heap-free exact order; a user's policy (any key)
             # gets the general heap.
-            host = (
-                RecencyTierCache
-                if type(policy) in (BranchAwareEviction, LRUEviction)
-                else TierCache
-            )
+            host = RecencyTierCache if RecencyTierCache.orders(policy) else TierCache
             self.l2 = host(node_id, "host", l2_tokens, policy, count_of)
         else:
             self.l1, self.l2 = caches

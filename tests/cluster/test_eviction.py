@@ -4,21 +4,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cluster.eviction import BranchAwareEviction, LRUEviction, LRUTierCache, TierCache
-from cluster.hashing import chain
+from cluster.hashing import chain_path as _chain
 
 # Operations on chains of blocks: ("insert"|"touch", chain id, length).
 ops = st.lists(
     st.tuples(st.sampled_from(["insert", "touch"]), st.integers(0, 5), st.integers(1, 4)),
     max_size=60,
 )
-
-
-def _chain(cid: int, n: int) -> list[int]:
-    h, out = 0, []
-    for i in range(n):
-        h = chain(h, (cid, i))
-        out.append(h)
-    return out
 
 
 @settings(max_examples=300, deadline=None)

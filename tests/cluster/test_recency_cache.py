@@ -18,17 +18,10 @@ from cluster.eviction import (
     RecencyTierCache,
     TierCache,
 )
-from cluster.hashing import chain
+from cluster.hashing import chain_path as _chain
+from cluster.sim.engine import SimNode
 
 CHAINS = 4
-
-
-def _chain(cid: int, n: int) -> list[int]:
-    h, out = 0, []
-    for i in range(n):
-        h = chain(h, (cid, i))
-        out.append(h)
-    return out
 
 
 class Counts:
@@ -182,13 +175,23 @@ def test_a_dead_branch_block_is_evicted_before_newer_zero_count_blocks():
     c.check_invariants()
 
 
+class Custom:
+    name = "custom"
+    uses_counts = False
+
+    def key(self, count: int, last_access: float) -> tuple[float, ...]:
+        return (last_access,)
+
+
 def test_other_policies_are_refused_with_the_allowed_ones_named():
-    class Custom:
-        name = "custom"
-        uses_counts = False
-
-        def key(self, count: int, last_access: float) -> tuple[float, ...]:
-            return (last_access,)
-
     with pytest.raises(ValueError, match="'branch' and 'lru' policies only, got 'custom'"):
         RecencyTierCache(0, "host", 4, Custom())
+
+
+def test_simulated_nodes_use_it_for_the_built_in_policies_and_the_heap_otherwise():
+    def host(policy: object) -> TierCache:
+        return SimNode(0, "prefill", 64, 256, policy, lambda h: 0).l2  # type: ignore[arg-type]
+
+    assert type(host(BranchAwareEviction())) is RecencyTierCache
+    assert type(host(LRUEviction())) is RecencyTierCache
+    assert type(host(Custom())) is TierCache

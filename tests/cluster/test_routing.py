@@ -3,7 +3,7 @@
 import pytest
 
 from cluster.directory import KVDirectory
-from cluster.hashing import chain
+from cluster.hashing import chain_path as path
 from cluster.routing import (
     ROUTERS,
     CacheAwareRouter,
@@ -16,14 +16,6 @@ from models import DecodeModel, FetchModel, NodeModel, PrefillModel
 
 BT = 256
 MODEL = NodeModel(PrefillModel(0.03, 8e-5, 4e-10, 3e-7), DecodeModel(0.012, 0.015, 2.8e-4))
-
-
-def path(tag: str, n: int) -> list[int]:
-    h, out = 0, []
-    for i in range(n):
-        h = chain(h, (tag, i))
-        out.append(h)
-    return out
 
 
 def cluster(

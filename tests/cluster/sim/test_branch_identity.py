@@ -4,8 +4,8 @@ Workloads name branches within their program ('root', 'sub0.1'). The control pla
 table (Alg. E.1/E.2) is cluster-wide, so the IDs it sees must be unique across programs:
 when every agent's main branch was 'root', each request looked like a compaction of the
 previous agent's context, released its counts, and branch-aware eviction dropped the KV of
-queued requests first (under host pressure: 23.6% lost KV reuse and a P95 TTFT of 220 s,
-against 4.6% and 6 s once the IDs were unique).
+queued requests first (under host pressure, seed 0: 23.6% lost KV reuse and a P95 TTFT of
+220 s, against 4.6% and 6 s once the IDs were unique; 6-12% over seeds 0-3 today).
 """
 
 from collections import Counter
