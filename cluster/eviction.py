@@ -482,8 +482,6 @@ class RecencyTierCache(TierCache):
                 held.append(h)
             else:
                 new.append((h, first_depth + i))
-        if held:
-            self.touch(held, t)
         evicted: list[Evicted] = []
         need = self.used_tokens + tokens * len(new) - self.capacity_tokens
         if need > 0:
@@ -492,10 +490,14 @@ class RecencyTierCache(TierCache):
             self.unpin(held)
             room = (self.capacity_tokens - self.used_tokens) // tokens if tokens else len(new)
             del new[max(room, 0) :]  # the chain's leading new blocks, if space is short
+        # Leaf first, then the cached blocks above them: at one time t that is key order,
+        # so everything appends to its run.
         for h, depth in reversed(new):
             e = entries[h] = _RunEntry(tokens, t, depth, self._group(h))
             self._place(h, e)
         self.used_tokens += tokens * len(new)
+        if held:
+            self.touch(held, t)
         return evicted
 
     def touch(self, hashes: Iterable[BlockHash], t: float) -> None:

@@ -195,3 +195,21 @@ def test_simulated_nodes_use_it_for_the_built_in_policies_and_the_heap_otherwise
     assert type(host(BranchAwareEviction())) is RecencyTierCache
     assert type(host(LRUEviction())) is RecencyTierCache
     assert type(host(Custom())) is TierCache
+
+
+def test_forward_time_inserts_and_touches_only_append():
+    """Without count drops every block enters its run in order: the late heap stays empty
+    (what makes this cache cheaper than the lazily corrected heap)."""
+    counts = Counts()
+    c = RecencyTierCache(0, "host", 12, BranchAwareEviction(), counts)
+    counts.caches = [c]
+    t = 0.0
+    for cid in range(CHAINS):
+        for n in (2, 4, 5):  # a growing context: its prefill hits the cached prefix,
+            t += 1.0  # then stores the whole path when it ends
+            path = _chain(cid, n)
+            counts.add(path, 1)
+            c.touch(path[:2], t)
+            c.insert(path, 1, t + 0.5, 0)
+    c.check_invariants()
+    assert len(c) == 12 and c._late == ([], [])
