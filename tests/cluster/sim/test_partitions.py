@@ -37,6 +37,11 @@ def test_partitions_land_in_one_database_and_match_serial_runs(tmp_path):
     # Partitions are independent: the same results in parallel processes or one by one.
     for key in ("requests", "throughput_rps", "mean_e2e_s", "p95_ttft_s", "kv_hit_rate"):
         assert parallel[key] == pytest.approx(serial[key], rel=1e-12), key
+    # Speedup counts the elapsed time of the whole run: one by one, that is at least the
+    # partitions' wall times added up, so it is at most half the per-partition figure.
+    assert serial["wall_seconds"] >= serial["cpu_seconds"]
+    assert serial["speedup"] == pytest.approx(serial["sim_seconds"] / serial["wall_seconds"])
+    assert serial["speedup"] <= serial["speedup_per_partition"] / 2
     r = telemetry.open_reader(db)
     assert sorted(r.runs()["run_id"].to_list()) == ["big-p0", "big-p1"]
     nodes = r.sql(
