@@ -117,7 +117,8 @@ def fit_from_gram(
     """NNLS coefficients from Gram statistics, plus the terms fixed at 0 (never varied).
 
     Raises FitError with a message naming the problem when the rows cannot determine the
-    model: fewer than `min_samples` rows (default 2 * p + 2), or collinear features.
+    model: fewer than `min_samples` rows (default 2 * p + 2), sums that overflow, or collinear
+    features.
     """
     p = stats.p
     if len(terms) != p:
@@ -125,6 +126,11 @@ def fit_from_gram(
     need = 2 * p + 2 if min_samples is None else min_samples
     if stats.n < need:
         raise FitError(f"too few samples: {stats.n} iterations, need at least {need}")
+    if not (np.all(np.isfinite(stats.xtx)) and np.all(np.isfinite(stats.xty))):
+        raise FitError(
+            "the features' sums overflow: some logged value is absurdly large (e.g. 1e300 "
+            "query-key pairs); the iterations cannot determine the model"
+        )
     diag = np.diag(stats.xtx)
     active = diag > 0
     fixed = tuple(t for t, a in zip(terms, active, strict=True) if not a and t not in always)

@@ -4,13 +4,19 @@ Prefill (Eq. 3): T_P^req(w) = c0*t_uc/t_bar + c1*t_uc + c2*A + c3*f*t_c
 Decode  (Eq. 4): T_D^req(w) = T_D(B) * t_out / (B * t_acc)
 mu = 1 / T^req. t_bar is the node's mean new tokens per prefill iteration and f the fraction
 of cached tokens it restores from host memory; the planner remeasures both.
+
+With the evidence-chosen forms (models.forms): a prefill floor (knee_tokens) makes each token
+of an iteration of t_bar < knee tokens cost c1*knee/t_bar; the roofline's KV read c4 charges
+the request's cached prefix and its expert term c5*phi(t_bar) is shared like c0; a decode
+context term d3 charges the batch's context, B requests of t_in + t_out/2 tokens each on
+average over a decode.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from models.iteration import DecodeModel, PrefillModel
+from models.iteration import DecodeModel, PrefillModel, phi
 from models.work import MeanWork, RequestWork
 
 
@@ -35,18 +41,30 @@ class NodeModel:
     def prefill_request_time(self, work: RequestWork | MeanWork) -> float:
         """Eq. 3: seconds the request occupies this node in prefill."""
         p = self.prefill
-        return (
+        c1 = p.c1 * max(1.0, p.knee_tokens / self.mean_new_tokens) if p.knee_tokens else p.c1
+        t = (
             p.c0 * work.t_uc / self.mean_new_tokens
-            + p.c1 * work.t_uc
+            + c1 * work.t_uc
             + p.c2 * work.attn_pairs
             + p.c3 * self.restore_fraction * work.t_c
         )
+        if p.c4 or p.c5:
+            # KV read of the cached prefix; the experts an iteration of t_bar tokens touches,
+            # shared by its t_bar tokens like c0.
+            experts = float(phi(self.mean_new_tokens, p.top_k, p.num_experts))
+            t += p.c4 * work.t_c + p.c5 * experts * work.t_uc / self.mean_new_tokens
+        return t
 
     def decode_request_time(self, work: RequestWork | MeanWork, batch_size: float) -> float:
         """Eq. 4: seconds the request occupies this node in decode at batch size B."""
         if batch_size <= 0:
             raise ValueError(f"batch_size must be > 0, got {batch_size}")
-        return self.decode.iteration_time(batch_size) * work.t_out / (batch_size * work.t_acc)
+        ctx = batch_size * (work.t_in + work.t_out / 2.0) if self.decode.d3 else 0.0
+        return (
+            self.decode.iteration_time(batch_size, ctx_tokens=ctx)
+            * work.t_out
+            / (batch_size * work.t_acc)
+        )
 
     def prefill_rate(self, work: RequestWork | MeanWork) -> float:
         """mu_P = 1 / T_P^req (requests per second)."""

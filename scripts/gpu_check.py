@@ -19,6 +19,15 @@ both fits converged; 1 otherwise; 2 when SGLang or a GPU is missing (with the re
 Both engines may share one GPU (`--gpus 0,0`, each with `--mem-fraction-static 0.35`).
 The KV transfer backend defaults to mooncake_tcp (no RDMA needed on one host).
 `--standin` runs the same check on CPU against the SGLang stand-in (no GPU, no SGLang).
+
+`--engines torch --device cuda` runs the live torch cluster of `pdlab serve --engines torch`
+on the GPU instead (`--preset`, `--nodes`, `--split`; no SGLang needed): the engines serve
+cc agents for `--duration` seconds, a decode node with KV is switched to prefill through the
+REST API midway (it must keep its KV: 0 lost blocks), and the logged iterations are fitted
+(held-out MAPE per node and phase, measured vs modelled phi(B)). It exits 2 without CUDA;
+`--device cpu` runs the same check on this machine's CPU.
+
+    python scripts/gpu_check.py --engines torch --device cuda --preset small-moe
 """
 
 from __future__ import annotations
@@ -35,13 +44,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def fail(code: int, message: str) -> None:
+def fail(code: int, message: str) -> NoReturn:
     print(f"gpu_check: {message}", file=sys.stderr)
     sys.exit(code)
 
@@ -85,7 +94,7 @@ def launch(
     ]  # fmt: skip
     if a.standin:  # dry run on CPU: the SGLang stand-in with the same endpoints
         cmd = [
-            sys.executable, "-m", "cluster.sglang.standin", "--role", role, "--port", str(port),
+            sys.executable, "-m", "cluster.engines.standin.server", "--role", role, "--port", str(port),
             "--kv-events-endpoint", kv["endpoint"], "--kv-replay-endpoint", kv["replay_endpoint"],
             "--bootstrap-port", str(boot), "--page-size", str(a.page_size),
             "--enable-pd-role-switch",
@@ -123,13 +132,127 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> None:
             os.killpg(p.pid, signal.SIGKILL)
 
 
+def preflight_torch(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        fail(2, f"no CUDA device (torch {torch.__version__}): --device cuda needs an NVIDIA GPU")
+
+
+def run_torch(a: argparse.Namespace) -> dict[str, Any]:
+    """The live torch cluster of `pdlab serve --engines torch` under load, then its fits."""
+    import httpx
+
+    from cluster.sglang.live.serving import ServerThread
+    from telemetry import open_reader
+    from toolkit.commands_serve_sglang import create_sglang_app
+    from toolkit.commands_serve_torch import TorchClusterOptions, build_agents, build_cluster
+    from toolkit.fitting import fit_run
+
+    opts = TorchClusterOptions(
+        nodes=a.nodes, split=a.split, model=a.preset, device=a.device, workload=a.workload,
+        agents=a.programs, token_scale=a.torch_token_scale, time_scale=0.1,
+        max_output_tokens=a.max_output_tokens, seed=a.seed,
+    )  # fmt: skip
+    db = Path(a.db)
+    cluster = build_cluster(opts, db, None)
+    t0 = time.monotonic()
+    switch: dict[str, Any] = {}
+    try:
+        cluster.prepare()
+        with ServerThread(create_sglang_app(cluster, "gpu-check")) as server:
+            http = httpx.Client(base_url=server.url, timeout=60)
+            agents = build_agents(opts, server.url).start()
+            time.sleep(a.duration / 2)
+            nodes = http.get("/v1/cluster").json()["nodes"]
+            held = [n for n in nodes if n["phase"] == "decode" and n["kv_gpu_used"]]
+            if held and sum(n["phase"] == "decode" for n in nodes) > 1:
+                node = held[0]["id"]
+                auth = {"Authorization": "Bearer gpu-check"}
+                http.post(f"/v1/nodes/{node}/phase", json={"phase": "prefill"}, headers=auth)
+                deadline = time.monotonic() + 120
+                while time.monotonic() < deadline:
+                    st = next(n for n in http.get("/v1/cluster").json()["nodes"] if n["id"] == node)
+                    if st["phase"] == "prefill" and st["switching"] is None:
+                        switch = {"node": node, **(st["last_switch"] or {}),
+                                  "kv_after": st["kv_gpu_used"] + st["kv_host_used"]}  # fmt: skip
+                        break
+                    time.sleep(0.5)
+            time.sleep(a.duration / 2)
+            stats = agents.stop()
+            state = http.get("/v1/cluster").json()
+            http.close()
+    finally:
+        cluster.stop()
+    wall = time.monotonic() - t0
+    reader = open_reader(db)
+    req = reader.table("requests").filter(reader.table("requests")["run_id"] == cluster.run_id)
+    dec = reader.sql(
+        "SELECT batch_size AS b, avg(experts_active) AS active, count(*) AS n "
+        "FROM decode_iterations WHERE run_id = ? GROUP BY 1 ORDER BY 1",
+        [cluster.run_id],
+    )
+    from cluster.engines.torch.config import preset
+    from models.iteration import phi
+
+    m = preset(a.preset)
+    phi_rows = [
+        {"B": int(r["b"]), "iterations": int(r["n"]),
+         "measured": None if r["active"] is None else r["active"] / m.num_experts,
+         "model": float(phi(float(r["b"]), m.top_k, m.num_experts, 1.0)) if m.num_experts else 0.0}
+        for r in dec.iter_rows(named=True)
+    ]  # fmt: skip
+    fit = fit_run(db, run_id=cluster.run_id, bootstrap=0)
+    fits = {
+        n.node_id: {
+            phase: {
+                "coef": getattr(n, phase).coef,
+                "heldout_mape": getattr(n, phase).mape,
+                "samples": getattr(n, phase).samples,
+            }
+            for phase in ("prefill", "decode")
+        }
+        for n in fit.nodes
+    }
+    out: dict[str, Any] = {
+        "run_id": cluster.run_id,
+        "db": str(db),
+        "engines": "torch",
+        "device": a.device,
+        "preset": a.preset,
+        "wall_s": round(wall, 1),
+        "turns_ok": stats.turns_ok,
+        "turns_failed": stats.turns_failed,
+        "requests_with_cached_prefix": int((req["t_c"] > 0).sum()) if req.height else 0,
+        "mean_ttft_s": state["latency"]["ttft_mean_s"],
+        "switch": switch,
+        "fits": fits,
+        "phi": phi_rows,
+        "engine_logs": str(cluster.log_dir),
+    }
+    problems = []
+    if stats.turns_failed or not stats.turns_ok:
+        problems.append(f"{stats.turns_failed} turns failed, {stats.turns_ok} ok: {stats.errors}")
+    if not out["requests_with_cached_prefix"]:
+        problems.append("no request found its prefix cached")
+    if not switch or switch.get("lost_kv_blocks") != 0 or not switch.get("kv_after"):
+        problems.append(f"the decode -> prefill switch did not keep the node's KV: {switch}")
+    if not any(f["prefill"]["coef"] for f in fits.values()):
+        problems.append("no prefill fit converged")
+    if not any(f["decode"]["coef"] for f in fits.values()):
+        problems.append("no decode fit converged")
+    out["problems"] = problems
+    return out
+
+
 def run(a: argparse.Namespace) -> dict[str, Any]:
-    from cluster.sglang.agent_client import TokenMap, play_programs
-    from cluster.sglang.backend import SGLangCluster
-    from cluster.sglang.cluster_file import ClusterConfig, ClusterSettings, EngineSpec
-    from cluster.sglang.serving import ServerThread, create_sglang_app
+    from cluster.sglang.live.agent_client import TokenMap, play_programs
+    from cluster.sglang.live.cluster import SGLangCluster
+    from cluster.sglang.live.cluster_file import ClusterConfig, ClusterSettings, EngineSpec
+    from cluster.sglang.live.serving import ServerThread
     from cluster.workloads import make_workload
     from telemetry import open_reader
+    from toolkit.commands_serve_sglang import create_sglang_app
     from toolkit.fitting import fit_run
 
     gpus = [int(g) for g in a.gpus.split(",")]
@@ -168,9 +291,11 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             results = asyncio.run(
                 play_programs(server.url, programs, tokens, max_output_tokens=a.max_output_tokens)
             )
+            import httpx
+
             with cluster.lock:
-                blocks_seen = cluster.cp.directory.stats()["events"]
-                state = cluster.cluster()
+                blocks_seen = cluster.cp.directory_stats()["events"]
+            state = httpx.get(f"{server.url}/v1/cluster", timeout=30).json()
         wall = time.monotonic() - t0
         summary = cluster.summary or {}
         reader = open_reader(db)
@@ -224,6 +349,15 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p.add_argument("--engines", default="sglang", choices=("sglang", "torch"))
+    p.add_argument("--device", default="cuda", help="torch engines: cuda or cpu")
+    p.add_argument("--preset", default="tiny-moe", help="torch engines: the model preset")
+    p.add_argument("--nodes", type=int, default=3, help="torch engines")
+    p.add_argument("--split", default="1P2D", help="torch engines")
+    p.add_argument("--duration", type=float, default=60.0, help="torch engines: agent seconds")
+    p.add_argument(
+        "--torch-token-scale", type=float, default=0.02, help="torch engines: token counts x"
+    )
     p.add_argument("--model", default="Qwen/Qwen2.5-0.5B-Instruct")
     p.add_argument("--gpus", default="0,0", help="GPU ids of the prefill and decode engines")
     p.add_argument("--base-port", type=int, default=31000)
@@ -250,9 +384,13 @@ def main(argv: list[str] | None = None) -> None:
         help="dry run on CPU: launch SGLang stand-ins instead of SGLang (checks this script)",
     )
     a = p.parse_args(argv)
-    if not a.standin:
-        preflight()
-    out = run(a)
+    if a.engines == "torch":
+        preflight_torch(a.device)
+        out = run_torch(a)
+    else:
+        if not a.standin:
+            preflight()
+        out = run(a)
     print(json.dumps(out, indent=2, default=str))
     sys.exit(1 if out["problems"] else 0)
 

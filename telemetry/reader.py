@@ -24,13 +24,34 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from telemetry import live, store
+from telemetry import database, live, store
 from telemetry.errors import TelemetryError
 from telemetry.schema import FINALIZED_TABLE, META_TABLE, TABLES
+from telemetry.status import RunState, run_states
+from telemetry.stored_types import stored_as_is
 
 DB_ALIAS = "pdlab_db"
 _ATTACHED: Counter[Path] = Counter()  # open connect() blocks per DB file in this process
 LIVE_RUNS_VIEW = "pdlab_live_runs"
+
+
+def _stored(table: str, types: dict[str, str]) -> str:
+    """SELECT of a stored table; columns of another type family are cast to the schema's.
+
+    A database written by another tool may store, say, node ids as DOUBLE or durations as
+    VARCHAR; the cast gives every reader the documented types (a value that cannot be cast
+    fails the query: `telemetry.check` names it first for fit and report).
+    """
+    schema = {c.name: c for c in TABLES[table]}
+    cols = []
+    for name, dtype in types.items():
+        col = schema.get(name)
+        if col is None or stored_as_is(col, dtype):
+            cols.append(f'"{name}"')
+        else:
+            target = "VARCHAR" if col.sql == "JSON" else col.sql
+            cols.append(f'CAST("{name}" AS {target}) AS "{name}"')
+    return f"SELECT {', '.join(cols)} FROM {DB_ALIAS}.main.{table}"
 
 
 def _template(table: str) -> str:
@@ -56,7 +77,7 @@ class TelemetryReader:
 
         Keep the block short: while it is open, writers cannot commit to the DB.
         """
-        con = duckdb.connect()
+        con = database.connect()
         key = self.db_path.resolve()
         try:
             self._define_views(con)
@@ -106,11 +127,32 @@ class TelemetryReader:
             return con.sql(query, params=params).pl()
 
     def runs(self) -> pl.DataFrame:
-        """All runs, oldest first; `live` is true while a run's segments are not finalized."""
-        return self.sql(
-            f"SELECT r.*, r.run_id IN (SELECT run_id FROM {LIVE_RUNS_VIEW}) AS live "
-            "FROM runs r ORDER BY r.started_at, r.run_id"
+        """All runs, oldest first; `live` is true while a run's segments are not finalized.
+
+        `status` says how each run ended (telemetry.status: finished, failed, recovered,
+        running, crashed, unknown) and `status_detail` why.
+        """
+        with self.connect() as con:
+            df = con.sql(
+                f"SELECT r.*, r.run_id IN (SELECT run_id FROM {LIVE_RUNS_VIEW}) AS live "
+                "FROM runs r ORDER BY r.started_at, r.run_id"
+            ).pl()
+            states = self._states(con, df["run_id"].to_list())
+        return df.with_columns(
+            pl.Series("status", [states[r].status for r in df["run_id"]], pl.String),
+            pl.Series("status_detail", [states[r].detail for r in df["run_id"]], pl.String),
         )
+
+    def run_state(self, run_id: str) -> RunState:
+        """How the run ended, or that it is still running or crashed (telemetry.status)."""
+        with self.connect() as con:
+            return self._states(con, [run_id])[run_id]
+
+    def _states(self, con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> dict[str, RunState]:
+        attached = con.execute(
+            "SELECT 1 FROM duckdb_databases() WHERE database_name = ?", [DB_ALIAS]
+        ).fetchall()
+        return run_states(con, self.db_path, run_ids, DB_ALIAS if attached else None)
 
     def resolve_run(self, run_id: str | None) -> str:
         """`run_id` if known; with None, the only run (an error lists them if there are more)."""
@@ -146,9 +188,10 @@ class TelemetryReader:
         )
 
     def _define_views(self, con: duckdb.DuckDBPyConnection) -> None:
-        db_tables: dict[str, list[str]] = {}
+        db_tables: dict[str, dict[str, str]] = {}
         finalized: set[str] = set()
         if self.db_path.exists():
+            database.check_database(self.db_path)
             if not _ATTACHED[self.db_path.resolve()]:
                 # Yield to a waiting writer, unless this process already holds the file (the
                 # writer cannot get it before that connection closes anyway).
@@ -157,7 +200,7 @@ class TelemetryReader:
             store.retry_locked(
                 lambda: con.execute(attach), self.db_path, self.lock_timeout_s, "read telemetry"
             )
-            db_tables = store.table_columns(con, DB_ALIAS)
+            db_tables = store.table_types(con, DB_ALIAS)
             prefix = f"{DB_ALIAS}.main."
             if META_TABLE in db_tables:
                 store.check_version(con, self.db_path, prefix, exact=False)
@@ -175,7 +218,7 @@ class TelemetryReader:
         for table in TABLES:
             parts = [_template(table)]
             if table in db_tables:
-                parts.append(f"SELECT * FROM {DB_ALIAS}.main.{table}")
+                parts.append(_stored(table, db_tables[table]))
             if segs.get(table):
                 src = f"SELECT * FROM {store.parquet_source(segs[table])} s"
                 keys = live.WRITTEN_THROUGH.get(table)
@@ -200,7 +243,9 @@ class TelemetryReader:
 def open_reader(db_path: str | os.PathLike[str]) -> TelemetryReader:
     """A reader of `db_path`; it must exist, or live segments of a run must exist beside it."""
     db = Path(db_path)
-    if not db.exists() and not live.live_run_ids(db):
+    if db.exists():
+        database.check_database(db)
+    elif not live.live_run_ids(db):
         raise TelemetryError(
             f"no telemetry at {db}: neither the database nor live segments ({live.live_root(db)}) exist"
         )

@@ -21,10 +21,19 @@ from typing import Any, TypeVar
 
 import duckdb
 import pyarrow as pa
+import pyarrow.parquet as pq
 
-from telemetry import live
+from telemetry import database, live
 from telemetry.errors import TelemetryError
-from telemetry.schema import FINALIZED_TABLE, META_TABLE, SCHEMA_VERSION, TABLES, ddl
+from telemetry.schema import (
+    FINALIZED_TABLE,
+    META_TABLE,
+    RUN_STATUS_DDL,
+    RUN_STATUS_TABLE,
+    SCHEMA_VERSION,
+    TABLES,
+    ddl,
+)
 from telemetry.validate import check_new_nodes, validate_batch
 
 LOCK_TIMEOUT_S = 30.0
@@ -91,6 +100,19 @@ def table_columns(
     return out
 
 
+def table_types(con: duckdb.DuckDBPyConnection, catalog: str) -> dict[str, dict[str, str]]:
+    """Table -> column -> DuckDB type name of the `main` schema of an attached database."""
+    rows = con.execute(
+        "SELECT table_name, column_name, data_type FROM duckdb_columns() "
+        "WHERE database_name = ? AND schema_name = 'main' ORDER BY table_name, column_index",
+        [catalog],
+    ).fetchall()
+    out: dict[str, dict[str, str]] = {}
+    for table, column, dtype in rows:
+        out.setdefault(table, {})[column] = dtype
+    return out
+
+
 def check_version(
     con: duckdb.DuckDBPyConnection, db_path: Path, prefix: str, exact: bool = True
 ) -> int | None:
@@ -137,6 +159,8 @@ def ensure_schema(
         con.execute(
             f"CREATE TABLE {FINALIZED_TABLE} (run_id VARCHAR PRIMARY KEY, finalized_at TIMESTAMP)"
         )
+    if claim and RUN_STATUS_TABLE not in existing:
+        con.execute(RUN_STATUS_DDL)
 
 
 @contextmanager
@@ -148,8 +172,9 @@ def transaction(
     claim: bool = True,
 ) -> Iterator[duckdb.DuckDBPyConnection]:
     """Open the DB read-write (retrying while locked), ensure the schema, run one transaction."""
+    database.check_database(db_path)
     with live.write_intent(db_path):
-        con = retry_locked(lambda: duckdb.connect(os.fspath(db_path)), db_path, timeout_s, what)
+        con = retry_locked(lambda: database.connect(db_path), db_path, timeout_s, what)
         try:
             con.begin()
             ensure_schema(con, db_path, tables, claim)
@@ -180,8 +205,14 @@ def insert(con: duckdb.DuckDBPyConnection, table: str, data: pa.Table) -> None:
         con.unregister("pdlab_batch")
 
 
-def consolidate(con: duckdb.DuckDBPyConnection, run_id: str, segs: dict[str, list[Path]]) -> bool:
-    """Insert a run's segments and mark it finalized, inside the caller's transaction.
+def consolidate(
+    con: duckdb.DuckDBPyConnection,
+    run_id: str,
+    segs: dict[str, list[Path]],
+    status: str = "finished",
+    detail: str | None = None,
+) -> bool:
+    """Insert a run's segments and mark it finalized with `status`, in the caller's transaction.
 
     Returns False when the run was already finalized (a crash after commit, before the live
     directory was removed): then nothing is inserted twice.
@@ -199,24 +230,48 @@ def consolidate(con: duckdb.DuckDBPyConnection, run_id: str, segs: dict[str, lis
             anti = f" WHERE NOT EXISTS (SELECT 1 FROM {table} d WHERE {match})"
         con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {parquet_source(files)} s{anti}")
     con.execute(f"INSERT INTO {FINALIZED_TABLE} VALUES (?, now()::TIMESTAMP)", [run_id])
+    con.execute(
+        f"INSERT OR REPLACE INTO {RUN_STATUS_TABLE} VALUES (?, ?, now()::TIMESTAMP, ?)",
+        [run_id, status, detail],
+    )
     return True
 
 
-def finalize_run(db_path: Path, run_id: str, timeout_s: float = LOCK_TIMEOUT_S) -> bool:
+def finalize_run(
+    db_path: Path,
+    run_id: str,
+    timeout_s: float = LOCK_TIMEOUT_S,
+    status: str = "finished",
+    detail: str | None = None,
+) -> bool:
     """Move a run's live segments into the DB in one transaction (the live dir stays)."""
     segs = live.segments(db_path, run_id)
     what = f"finalize run {run_id!r} (its segments stay in {live.run_dir(db_path, run_id)})"
     with transaction(db_path, timeout_s, what) as con:
-        return consolidate(con, run_id, segs)
+        return consolidate(con, run_id, segs, status, detail)
+
+
+def segment_rows(segs: dict[str, list[Path]]) -> dict[str, int]:
+    """Rows per table in a run's segments (from the Parquet footers; no data is read)."""
+    return {t: sum(pq.ParquetFile(f).metadata.num_rows for f in files) for t, files in segs.items()}
+
+
+def remove_run(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
+    """Delete a run's rows from every SPEC §3 table (inside the caller's transaction)."""
+    existing = table_columns(con)
+    for table in TABLES:
+        if table in existing:
+            con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
 
 
 def recover(db_path: str | os.PathLike[str], timeout_s: float = LOCK_TIMEOUT_S) -> list[str]:
     """Finalize the live runs whose writer is gone (crashed or killed); return their ids.
 
-    A run whose writer process still holds its lock is left alone. Live directories of runs
-    that were already finalized (crash between commit and cleanup) are removed.
+    Each is marked `recovered` (telemetry.status). A run whose writer process still holds
+    its lock is left alone. Live directories of runs that were already finalized (crash
+    between commit and cleanup) are removed.
     """
-    db = Path(db_path)
+    db = database.check_database(db_path)
     done: list[str] = []
     for run_id in live.live_run_ids(db):
         base = live.run_dir(db, run_id)
@@ -224,7 +279,10 @@ def recover(db_path: str | os.PathLike[str], timeout_s: float = LOCK_TIMEOUT_S) 
         if not lock.try_acquire():
             continue
         try:
-            inserted = finalize_run(db, run_id, timeout_s)
+            rows = segment_rows(live.segments(db, run_id))
+            data = sum(n for t, n in rows.items() if t not in live.WRITTEN_THROUGH)
+            detail = f"its writer died; {data} rows recovered from its live segments"
+            inserted = finalize_run(db, run_id, timeout_s, "recovered", detail)
         finally:
             lock.release()
         live.remove_run_dir(base)

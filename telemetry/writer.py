@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from telemetry import live, store
+from telemetry import database, live, store
 from telemetry.errors import TelemetryError
 from telemetry.validate import check_new_nodes, validate_batch
 
@@ -40,7 +40,13 @@ class TelemetryWriter:
 
     Rows become visible to readers when flushed: when a table's buffer reaches
     `segment_rows`, when `flush_interval_s` has passed since the last flush (checked on
-    append: an idle writer keeps its buffer until `flush()`), and on `close()`.
+    append: an idle writer keeps its buffer until `flush()`), and on `close()`. So a writer
+    killed mid-run leaves at most the last few seconds of rows unwritten; `recover(db)`
+    (`pdlab recover DB`) folds the rest into the database.
+
+    `close()` records the run as finished; `abort(reason)` (and leaving a `with` block on an
+    exception) records it as failed, keeping its rows, or removes it when it holds nothing
+    but its runs and nodes rows, so a failed start leaves no empty run behind.
     """
 
     def __init__(
@@ -75,6 +81,7 @@ class TelemetryWriter:
             config_json = None if config is None else json.dumps(config, sort_keys=True)
         except (TypeError, ValueError) as exc:
             raise TelemetryError(f"runs: config must be JSON-serializable ({exc})") from None
+        database.check_database(self.db_path)
         runs_row = validate_batch(
             "runs",
             {
@@ -87,7 +94,7 @@ class TelemetryWriter:
         self.live_dir = live.make_run_dir(self.db_path, self.run_id)
         self._lock = live.RunLock(self.live_dir / live.LOCK_NAME)
         try:
-            if not self._lock.try_acquire():
+            if not self._acquire_lock():
                 raise TelemetryError(f"run {self.run_id!r} is locked by another writer")
             with store.transaction(self.db_path, lock_timeout_s, "register the run") as con:
                 if store.run_exists(con, self.db_path, self.run_id):
@@ -98,6 +105,15 @@ class TelemetryWriter:
             self._lock.release()
             live.remove_run_dir(self.live_dir)
             raise
+
+    def _acquire_lock(self) -> bool:
+        # A reader probing whether this run's writer is alive holds the lock for a moment.
+        deadline = time.monotonic() + 0.5
+        while not self._lock.try_acquire():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
 
     @property
     def closed(self) -> bool:
@@ -160,6 +176,30 @@ class TelemetryWriter:
             return
         self.flush()
         store.finalize_run(self.db_path, self.run_id, self.lock_timeout_s)
+        self._finish()
+
+    def abort(self, reason: str) -> None:
+        """End the run as failed (`reason` is stored with it), keeping the rows written so far.
+
+        A run that holds nothing but its runs and nodes rows is removed instead, from the
+        database and the live directory. Raises `TelemetryError` if the database stays
+        locked; then the segments stay and `recover(db)` finalizes them later.
+        """
+        if self._closed:
+            return
+        data_rows = sum(n for t, n in self.rows_written.items() if t not in live.WRITTEN_THROUGH)
+        if data_rows + self.buffered_rows() == 0:
+            what = f"remove the failed run {self.run_id!r}"
+            with store.transaction(self.db_path, self.lock_timeout_s, what) as con:
+                store.remove_run(con, self.run_id)
+        else:
+            self.flush()
+            store.finalize_run(
+                self.db_path, self.run_id, self.lock_timeout_s, "failed", reason[:500]
+            )
+        self._finish()
+
+    def _finish(self) -> None:
         self._closed = True
         self._lock.release()
         live.remove_run_dir(self.live_dir)
@@ -173,8 +213,11 @@ class TelemetryWriter:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        # Also on an exception: what was validly written is kept, the exception propagates.
-        self.close()
+        if exc_type is None:
+            self.close()
+            return
+        # What was validly written is kept (marked failed), the exception propagates.
+        self.abort(f"{exc_type.__name__}: {exc}" if str(exc) else exc_type.__name__)
 
     def _check_open(self) -> None:
         if self._closed:

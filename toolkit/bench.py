@@ -14,9 +14,10 @@ from typing import Any
 SUITES: dict[str, str] = {}
 SUITES["telemetry"] = "telemetry.bench:run"
 SUITES["fit"] = "toolkit.fit_bench:run"
-SUITES["control_plane"] = "cluster.bench:run"
+SUITES["control_plane"] = "cluster.control.bench:run"
 SUITES["simulator"] = "cluster.sim.bench:run"
 SUITES["plots"] = "toolkit.plots.bench:run"
+SUITES["engine"] = "cluster.engines.torch.bench:run"
 
 
 def register_suite(name: str, target: str) -> None:

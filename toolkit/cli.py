@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import typer
 
+from toolkit.commands_advise import advise_command
 from toolkit.commands_bench import bench_command
 from toolkit.commands_collect import collect_app
+from toolkit.commands_engine import engine_command
 from toolkit.commands_fit import fit_command, synth_logs_command
+from toolkit.commands_import import import_app
+from toolkit.commands_lab import lab_command
+from toolkit.commands_profile import profile_app
+from toolkit.commands_recover import recover_command
 from toolkit.commands_report import report_command
-from toolkit.commands_serve import lab_command, serve_command
+from toolkit.commands_serve import serve_command
 from toolkit.commands_sim import experiment_command, simulate_command
 from toolkit.commands_sweep import sweep_command
+from toolkit.commands_twin import twin_command
 
 app = typer.Typer(
     name="pdlab",
@@ -42,9 +49,15 @@ app.command("fit")(fit_command)
 app.command("synth-logs")(synth_logs_command)
 app.command("bench")(bench_command)
 app.command("report")(report_command)
+app.command("recover")(recover_command)
 app.command("serve")(serve_command)
 app.command("lab")(lab_command)
+app.command("engine")(engine_command)
+app.command("twin")(twin_command)
+app.command("advise")(advise_command)
 app.add_typer(collect_app, name="collect")
+app.add_typer(import_app, name="import")
+app.add_typer(profile_app, name="profile")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -192,7 +192,9 @@ def launch_server(
     """Start `pdlab serve` on loopback with `args` (simulation options) and wait until healthy.
 
     Used by notebooks that are not given a server ($PDLAB_URL) and by the tests. The server's
-    output goes to a temporary log file, quoted in the error if it does not come up.
+    output goes to a temporary log file, quoted in the error if it does not come up. It stops
+    by itself (closing its run) when this process ends without stopping it (`--parent-pid`):
+    a notebook's kernel shut down mid-run leaves no server behind.
     """
     import secrets
     import subprocess
@@ -203,7 +205,8 @@ def launch_server(
     port = port or free_port()
     token = token or secrets.token_urlsafe(12)
     cmd = [sys.executable, "-m", "toolkit.cli", "serve", "--port", str(port), "--token", token,
-           "--speed", str(speed), *(["--db", str(db)] if db is not None else []), *args]  # fmt: skip
+           "--speed", str(speed), "--parent-pid", str(os.getpid()),
+           *(["--db", str(db)] if db is not None else []), *args]  # fmt: skip
     with tempfile.NamedTemporaryFile(
         "wb", prefix="pdlab-serve-", suffix=".log", delete=False
     ) as log:

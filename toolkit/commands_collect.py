@@ -5,7 +5,9 @@
 forward-metrics` subscribes to SGLang's forward-pass metrics and writes `prefill_iterations`
 and `decode_iterations` (the logs `pdlab fit` fits Eq. 1–2 on). Both register the node,
 show a status line (events/s, gaps recovered, losses) and stop cleanly on Ctrl-C, SIGTERM or
-after `--seconds`, flushing everything received.
+after `--seconds`, flushing everything received. `--db` is checked before anything is
+subscribed (a file that is not a DuckDB database is a one-line error, exit code 2), and
+every ZMQ message is limited to `--max-message-mb` (default 64).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def _check_endpoint(value: str | None, option: str) -> None:
 
 def _discover(server: str, node_id: int) -> Any:
     from cluster.core import ConfigError
-    from cluster.sglang.cluster_file import discover_engine
+    from cluster.sglang.live.cluster_file import discover_engine
 
     try:
         return discover_engine(server, max(node_id, 0))
@@ -80,10 +82,12 @@ def _open_writer(
     run_start_wall: float,
 ) -> Any:
     from telemetry import TelemetryError, TelemetryWriter
+    from telemetry.database import check_database
 
     if node_id < 0:
         raise typer.BadParameter(f"must be >= 0, got {node_id}", param_hint="--node-id")
     try:
+        check_database(db)
         writer = TelemetryWriter(
             db,
             run_id=run_id,
@@ -179,10 +183,13 @@ def kv_events(
     catch_up: bool = typer.Option(False, "--catch-up", help="replay the publisher's buffer first"),
     node_name: str | None = typer.Option(None, "--node-name"),
     hardware: str = typer.Option("unknown", "--hardware"),
+    max_message_mb: float = typer.Option(
+        64.0, "--max-message-mb", min=0.001, help="largest ZMQ message accepted (MiB)"
+    ),
     as_json: bool = typer.Option(False, "--json", help="print a JSON summary on exit"),
 ) -> None:
     """Subscribe to one engine's KV events and write them to the kv_events table."""
-    from cluster.sglang.kv_collector import KVEventCollector
+    from cluster.sglang.wire.kv_collector import KVEventCollector
 
     if server is not None:
         spec = _discover(server, node_id)
@@ -208,6 +215,7 @@ def kv_events(
         sink=sink,
         run_start_wall=start,
         catch_up=catch_up,
+        max_message_bytes=int(max_message_mb * (1 << 20)),
     )
 
     def status(elapsed: float) -> str:
@@ -217,11 +225,17 @@ def kv_events(
             f"[bold]kv-events[/] node {node_id} | {col.num_events} events ({rate:,.0f}/s) | "
             f"{s.messages} batches | gaps {s.gaps} recovered {s.gaps_recovered} | "
             f"lost {s.messages_lost} | restarts {s.restarts} | malformed {s.malformed} | "
-            f"skipped {col.num_skipped} | rejected {sink.errors}"
+            f"skipped {col.num_skipped} | rejected rows {col.num_rows_rejected}"
         )
 
     def summary() -> dict[str, Any]:
-        counts = {"events": col.num_events, "rows": col.num_rows, "skipped_events": col.num_skipped}
+        counts = {
+            "events": col.num_events,
+            "rows": col.num_rows,
+            "rows_rejected": col.num_rows_rejected,
+            "skipped_events": col.num_skipped,
+            "bad_timestamps": col.decoder.num_bad_ts,
+        }
         return counts | col.stats.as_dict()
 
     _run("kv-events", col, sink, seconds, status, summary, as_json)
@@ -246,10 +260,13 @@ def forward_metrics(
     chunk_tokens: int | None = typer.Option(
         None, "--chunk-tokens", min=1, help="engine chunked_prefill_size (sharpens the ΣA estimate)"
     ),
+    max_message_mb: float = typer.Option(
+        64.0, "--max-message-mb", min=0.001, help="largest ZMQ message accepted (MiB)"
+    ),
     as_json: bool = typer.Option(False, "--json", help="print a JSON summary on exit"),
 ) -> None:
     """Subscribe to SGLang forward-pass metrics; write prefill/decode iteration rows."""
-    from cluster.sglang.forward_metrics import ForwardMetricsCollector
+    from cluster.sglang.wire.fpm_collector import ForwardMetricsCollector
 
     if server is not None:
         connect = connect or _discover(server, node_id).forward_metrics
@@ -265,7 +282,12 @@ def forward_metrics(
     writer = _open_writer(db, run_id, node_id, node_name, hardware, config, start)
     sink = _LockedSink(writer)
     col = ForwardMetricsCollector(
-        connect, node_id=node_id, sink=sink, run_start_wall=start, chunk_tokens=chunk_tokens
+        connect,
+        node_id=node_id,
+        sink=sink,
+        run_start_wall=start,
+        chunk_tokens=chunk_tokens,
+        max_message_bytes=int(max_message_mb * (1 << 20)),
     )
 
     def status(elapsed: float) -> str:
@@ -276,13 +298,14 @@ def forward_metrics(
             f"[bold]forward-metrics[/] node {node_id} | {col.num_prefill_rows} prefill + "
             f"{col.num_decode_rows} decode iterations ({rate:,.0f}/s) | heartbeats "
             f"{col.num_heartbeats} | lost {s.messages_lost} | restarts {s.restarts} | "
-            f"malformed {s.malformed} | rejected {sink.errors}"
+            f"malformed {s.malformed} | rejected rows {col.num_rows_rejected}"
         )
 
     def summary() -> dict[str, Any]:
         return {
             "prefill_iterations": col.num_prefill_rows,
             "decode_iterations": col.num_decode_rows,
+            "rows_rejected": col.num_rows_rejected,
             "heartbeats": col.num_heartbeats,
         } | col.stats.as_dict()
 

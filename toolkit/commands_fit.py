@@ -1,10 +1,13 @@
 """`pdlab fit` and `pdlab synth-logs` (SPEC §7; paper 000 §5.1 iteration-time models).
 
-`pdlab fit DB` fits Eq. 1 / Eq. 2 per node of one run (toolkit.fitting), prints a rich
+`pdlab fit DB` fits Eq. 1 / Eq. 2 (or, with --form, the forms of models.forms chosen per
+node and phase by cross-validation: toolkit.fit_forms) per node of one run, prints a rich
 table or, with --json, exactly one JSON object on stdout, and stores the fits in
 `model_fits`. A node whose data cannot determine a model gets a message in its entry and
-the command still succeeds; a database that cannot be fitted at all (missing file or
-tables, unknown run, several runs without --run) is a clean error with exit code 2.
+the command still succeeds, unless no node and phase could be fitted at all (exit code 1);
+a database that cannot be fitted (missing file or tables, a table that breaks the schema,
+unknown run, several runs without --run) is a one-line error with exit code 2. A run that
+never finished is fitted from its rows, with a warning on stderr.
 Heavy imports happen inside the commands so `pdlab --help` stays fast.
 """
 
@@ -18,6 +21,7 @@ import typer
 from rich.markup import escape
 
 EXIT_INPUT = 2
+EXIT_NOTHING_FITTED = 1
 
 
 def _fail(message: str) -> None:
@@ -26,7 +30,7 @@ def _fail(message: str) -> None:
 
 
 def _coef_cell(fit: Any, terms: tuple[str, ...]) -> str:
-    """One line per coefficient with its CI; the entry's message (dim, or red on failure)."""
+    """--wide: one line per coefficient with its CI; the entry's message (dim, or red)."""
     if not fit.ok:
         return f"[red]not fitted: {escape(fit.message or '')}[/red]"
     lines = []
@@ -43,29 +47,62 @@ def _coef_cell(fit: Any, terms: tuple[str, ...]) -> str:
     return "\n".join(lines)
 
 
-def _print_table(result: Any, written: int | None) -> None:
+def _compact_cell(fit: Any, notes: dict[str, int]) -> str:
+    """The coefficients in one line (scientific notation); messages become numbered notes."""
+    ref = ""
+    if fit.message:
+        key = fit.message.split(": ", 1)[1] if not fit.ok and ": " in fit.message else fit.message
+        ref = f" [{notes.setdefault(key, len(notes) + 1)}]"
+    if not fit.ok:
+        return f"[red]not fitted[/red]{ref}"
+    return " ".join(f"{v:.2e}" for v in fit.coef) + ref
+
+
+def _print_table(result: Any, written: int | None, wide: bool = False) -> None:
+    """The fits of a run: compact by default (one line per node and phase, readable at 80
+    columns, notes numbered below the table); `wide` shows each coefficient with its CI."""
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
     from models.fitting import DECODE_TERMS, PREFILL_TERMS
 
-    table = Table(
-        title=f"iteration-time fits of run {result.run_id}",
-        caption="coefficients in seconds with bootstrap 95% CIs; MAPE on held-out iterations",
-        show_lines=True,
-    )
-    table.add_column("node", justify="right")
-    table.add_column("phase")
-    table.add_column("coefficients", overflow="fold", min_width=36)
+    console = Console()
+    if result.note:
+        Console(stderr=True).print(f"[yellow]warning:[/yellow] {escape(result.note)}")
+    if wide:
+        caption = "coefficients in seconds with bootstrap 95% CIs; MAPE on held-out iterations"
+        table = Table(
+            title=f"iteration-time fits of run {result.run_id}", caption=caption, show_lines=True
+        )
+        table.add_column("node", justify="right")
+        table.add_column("phase")
+        table.add_column("coefficients", overflow="fold", min_width=36)
+    else:
+        table = Table(
+            title=f"iteration-time fits of run {result.run_id}",
+            caption="prefill c0 c1 c2 c3 (Eq. 1), decode d0 d1 d2 (Eq. 2), in seconds; "
+            "MAPE on held-out iterations; --wide adds 95% CIs",
+            box=box.SIMPLE_HEAD,
+            padding=(0, 1),
+        )
+        table.add_column("node", justify="right")
+        table.add_column("phase")
+        # wraps between coefficients when a chosen form adds terms (e.g. decode d3)
+        table.add_column("coefficients (s)", overflow="fold", min_width=27)
     table.add_column("MAPE", justify="right")
     table.add_column("fit/test", justify="right")
+    notes: dict[str, int] = {}
     for node in result.nodes:
         for fit, terms in ((node.prefill, PREFILL_TERMS), (node.decode, DECODE_TERMS)):
             mape = f"{100 * fit.mape:.2f}%" if fit.mape is not None else "-"
             samples = f"{fit.samples}/{fit.samples_test}"
-            table.add_row(str(node.node_id), fit.phase, _coef_cell(fit, terms), mape, samples)
-    console = Console()
+            phase = fit.phase if fit.form == "paper" else f"{fit.phase} ({fit.form})"
+            cell = _coef_cell(fit, tuple(fit.terms) or terms) if wide else _compact_cell(fit, notes)
+            table.add_row(str(node.node_id), phase, cell, mape, samples)
     console.print(table)
+    for text, number in notes.items():
+        console.print(f"[{number}] {escape(text)}", highlight=False)
     if written is not None:
         console.print(f"{written} rows written to model_fits")
 
@@ -85,14 +122,44 @@ def fit_command(
         200, "--bootstrap", help="Bootstrap resamples for the 95% CIs (0: none)."
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap."),
+    form: str = typer.Option(
+        "paper",
+        "--form",
+        help="Model form: paper (Eq. 1/2), auto (chosen per node and phase by cross-validation), "
+        "floor (prefill with a small-chunk floor), ctx (decode with a context term).",
+    ),
+    ci: str = typer.Option(
+        "time",
+        "--ci",
+        help="Intervals: time (resample time windows: covers model error) or rows (row buckets: "
+        "sampling noise only).",
+    ),
     write: bool = typer.Option(True, "--write/--no-write", help="Store the fits in model_fits."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
+    wide: bool = typer.Option(
+        False, "--wide", help="One line per coefficient with its 95% CI (needs ~120 columns)."
+    ),
 ) -> None:
     """Fit prefill (Eq. 1) and decode (Eq. 2) iteration-time models per node of a run."""
+    from toolkit.fit_forms import fit_run_forms
     from toolkit.fitting import FitInputError, fit_run, save_fits, to_json
 
+    if ci not in ("time", "rows"):
+        _fail(f"--ci must be 'time' or 'rows', got {ci!r}")
     try:
-        result = fit_run(db, run, node, holdout=holdout, bootstrap=bootstrap, seed=seed)
+        if form == "paper" and ci == "rows":
+            result = fit_run(db, run, node, holdout=holdout, bootstrap=bootstrap, seed=seed)
+        else:
+            result = fit_run_forms(
+                db,
+                run,
+                node,
+                form=form,
+                holdout=holdout,
+                bootstrap=bootstrap,
+                ci="rows" if ci == "rows" else "time",
+                seed=seed,
+            )
         written = save_fits(db, result) if write else None
     except FitInputError as exc:
         _fail(str(exc))
@@ -100,9 +167,14 @@ def fit_command(
     if as_json:
         out = to_json(result)
         out["model_fits_written"] = written or 0
+        if result.note:
+            typer.echo(f"warning: {result.note}", err=True)
         typer.echo(json.dumps(out))
     else:
-        _print_table(result, written)
+        _print_table(result, written, wide)
+    if not any(f.ok for n in result.nodes for f in (n.prefill, n.decode)):
+        typer.echo(f"error: no model could be fitted from run {result.run_id}", err=True)
+        raise typer.Exit(EXIT_NOTHING_FITTED)
 
 
 def synth_logs_command(

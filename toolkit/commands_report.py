@@ -1,7 +1,8 @@
 """`pdlab report DB [--run R] -o report.html` (SPEC §7): a run's key figures in one HTML file.
 
 The file is self-contained (plotly.js embedded once), so it opens offline. A database or
-run that cannot be read, or an unknown figure name, is a clean error with exit code 2; a
+run that cannot be read, a table that breaks the schema (telemetry.check) or an unknown
+figure name is a clean error with exit code 2; a run that never finished gets a warning; a
 figure that fails is shown as an error block in the file and the command exits with 1.
 Heavy imports happen inside the command so `pdlab --help` stays fast.
 """
@@ -27,11 +28,20 @@ def report_command(
     ),
 ) -> None:
     """Write a run's summary and key figures to one self-contained HTML file."""
+    from telemetry import TelemetryError
+    from telemetry.check import precheck
     from toolkit.report import ReportError, write_report
 
     if not db.exists():
         typer.echo(f"error: database file {str(db)!r} does not exist", err=True)
         raise typer.Exit(EXIT_INPUT)
+    try:  # the tables against the schema; whether the run finished
+        note = precheck(db, run)
+    except TelemetryError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_INPUT) from None
+    if note:
+        typer.echo(f"warning: {note}", err=True)
     try:
         report = write_report(db, output, run, figure or None)
     except ReportError as exc:

@@ -1,12 +1,18 @@
-"""`pdlab serve` (the live control server of SPEC §6) and `pdlab lab` (server + JupyterLab).
+"""`pdlab serve`: the live control server of SPEC §6 over a simulated or a real cluster.
 
-`serve` paces the embedded simulated cluster (SPEC §5) to wall-clock time and exposes its
-control plane over REST on 127.0.0.1 unless told otherwise. Defaults suit a demo: no
-collocated warmup (`--warmup 0`, so manual switches work at once; the planner uses the
-profile's coefficients instead of models fitted during a warmup), the gain planner in
-`advise` mode (it evaluates every window and shows its candidates; nothing switches unless
-you apply it or set mode auto). `lab` starts `serve` in the background and JupyterLab on
-`notebooks/` with PDLAB_URL, PDLAB_TOKEN and PDLAB_DB set, so notebook 04 connects.
+`serve` is the composition root of the live control server. By default it paces the
+embedded simulated cluster (SPEC §5, `cluster.sim.paced`) to wall-clock time; with
+`--engines torch` it starts real torch engine processes and an agent client
+(toolkit/commands_serve_torch.py); with `--sglang FILE` it drives live SGLang engines
+(toolkit/commands_serve_sglang.py). Each hands its cluster to the server
+(`cluster.server.ControlService`), which exposes the control plane over REST on 127.0.0.1
+unless told otherwise. Defaults suit a demo: no collocated warmup (`--warmup 0`, so manual
+switches work at once; the planner uses the profile's coefficients instead of models fitted
+during a warmup), the gain planner in `advise` mode (it evaluates every window and shows its
+candidates; nothing switches unless you apply it or set mode auto). Ctrl-C, SIGTERM and
+SIGHUP stop the server cleanly: the run is consolidated into `--db` and every process the
+command started is stopped (`toolkit.processes`). `pdlab lab` (toolkit/commands_lab.py)
+runs it next to JupyterLab.
 """
 
 from __future__ import annotations
@@ -14,33 +20,59 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from cluster.core import ConfigError
+
+if TYPE_CHECKING:
+    from toolkit.sim_options import SimOptions
 
 console = Console(stderr=True)
 TOKEN_ENV = "PDLAB_TOKEN"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+ENGINES = ("sim", "torch")
+# Cluster shape defaults per kind of engine: 9 simulated nodes, or 3 torch processes.
+DEFAULT_SHAPE = {"sim": (9, "4P5D", 126), "torch": (3, "1P2D", 8)}
 
 
 def serve_command(
+    engines: str = typer.Option(
+        "sim",
+        help="sim (a simulated cluster paced to wall-clock time) | torch (real torch "
+        "engine processes, see --model)",
+    ),
     workload: str = typer.Option("cc", help="putnam | cc | osworld | shift | path to a trace"),
-    nodes: int = typer.Option(9, help="Number of nodes"),
-    split: str = typer.Option("4P5D", help="Initial split XPYD, or 'collocated'"),
-    agents: int | None = typer.Option(None, help="Closed loop: concurrent agents (default 126)"),
+    nodes: int | None = typer.Option(None, help="Number of nodes (default 9; torch: 3)"),
+    split: str | None = typer.Option(
+        None, help="Initial split XPYD, or 'collocated' (default 4P5D; torch: 1P2D)"
+    ),
+    agents: int | None = typer.Option(
+        None, help="Closed loop: concurrent agents (default 126; torch: 8)"
+    ),
     arrival_rate: float | None = typer.Option(
         None, "--arrival-rate", help="Open loop: Poisson agent arrivals per minute"
     ),
-    duration: float = typer.Option(86_400.0, help="Simulated seconds before the run ends"),
+    duration: float = typer.Option(
+        86_400.0, help="Seconds before the run ends (simulated; torch: wall seconds of agents)"
+    ),
     warmup: float = typer.Option(
-        0.0, help="Warmup seconds (with --planner gain: collocated, switches refused until it ends)"
+        0.0,
+        help="Warmup seconds (with --planner gain: collocated, switches refused, for the first "
+        "--learn of them)",
+    ),
+    learn: float | None = typer.Option(
+        None, help="Seconds of collocated learning within --warmup (default: min(300, --warmup))"
+    ),
+    cycle: bool = typer.Option(
+        False,
+        "--cycle",
+        help="Trace: the agents cycle its programs, ignoring arrival times (default: each "
+        "program once, at its arrival time if it has one)",
     ),
     planner: str = typer.Option("gain", help="gain | static | dynamo | arrow"),
     planner_mode: str = typer.Option("advise", help="auto | advise | off"),
@@ -61,6 +93,25 @@ def serve_command(
     db: Path | None = typer.Option(None, help="DuckDB file the run's telemetry is written to"),
     run_id: str | None = typer.Option(None, "--run-id", help="Run id (default: generated)"),
     telemetry: str = typer.Option("full", help="full | compact"),
+    model: str = typer.Option("tiny-moe", help="torch engines: tiny-moe | small-moe | small-dense"),
+    device: str = typer.Option("cpu", help="torch engines: cpu | cuda"),
+    token_scale: float = typer.Option(
+        0.02,
+        "--token-scale",
+        help="torch engines: the workload's token counts (contexts and outputs) times this",
+    ),
+    time_scale: float = typer.Option(
+        0.1, "--time-scale", help="torch engines: the workload's tool gaps and arrivals times this"
+    ),
+    max_output_tokens: int = typer.Option(
+        32, "--max-output-tokens", help="torch engines: cap of a turn's output tokens"
+    ),
+    engine_arg: list[str] = typer.Option(
+        [], "--engine-arg", help="torch engines: one more `pdlab engine` argument (repeatable)"
+    ),
+    parent_pid: int | None = typer.Option(
+        None, "--parent-pid", help="Stop as on SIGTERM once this process (the launcher) is gone"
+    ),
     sglang: Path | None = typer.Option(
         None,
         "--sglang",
@@ -68,45 +119,90 @@ def serve_command(
         "simulator; policies come from its [cluster] table (see toolkit/commands_serve_sglang.py)",
     ),
 ) -> None:
-    """Serve the control-plane REST API over a simulated cluster paced to wall-clock time."""
-    import uvicorn
+    """Serve the control-plane REST API over a simulated (or real) cluster."""
+    from toolkit.processes import exit_with_parent, stop_signals
 
-    from cluster.server import LiveCluster, LiveConfig, create_app
-    from cluster.sim.simulator import SimConfig
-
-    if agents is None and arrival_rate is None:
-        agents = 126
+    stop_signals()  # SIGTERM and SIGHUP stop the server as Ctrl-C does
+    if parent_pid is not None:
+        exit_with_parent(parent_pid)
     token = token or os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(18)
+    if engines not in ENGINES:
+        console.print(
+            f"[red]error:[/] --engines must be one of {', '.join(ENGINES)}, got {engines!r}"
+        )
+        raise typer.Exit(2)
+    d_nodes, d_split, d_agents = DEFAULT_SHAPE[engines]
+    nodes = d_nodes if nodes is None else nodes
+    split = d_split if split is None else split
+    if agents is None and arrival_rate is None:
+        agents = d_agents
+    if db is not None:  # before anything starts: a wrong file is one line, not a traceback
+        from telemetry.database import check_database
+        from telemetry.errors import TelemetryError
+
+        try:
+            check_database(db)
+        except TelemetryError as exc:
+            console.print(f"[red]error:[/] --db: {escape(str(exc))}")
+            raise typer.Exit(2) from None
+    if host not in LOOPBACK:
+        console.print(f"[yellow]warning:[/] binding {host}: the API is reachable from the network")
     if sglang is not None:  # live SGLang cluster: toolkit/commands_serve_sglang.py
         from toolkit.commands_serve_sglang import serve_sglang
 
         serve_sglang(sglang, host=host, port=port, token=token, db=db, run_id=run_id)
         return
+    if engines == "torch":
+        from toolkit.commands_serve_torch import TorchClusterOptions, serve_torch
+
+        opts = TorchClusterOptions(
+            nodes=nodes, split=split, model=model, device=device, seed=seed, eviction=eviction,
+            router=router, planner=planner, planner_mode=planner_mode, window_s=window,
+            slices=slices, profile=profile, engine_args=tuple(engine_arg), workload=workload,
+            agents=agents, arrival_rate_per_min=arrival_rate, duration_s=duration, cycle=cycle,
+            token_scale=token_scale, time_scale=time_scale, max_output_tokens=max_output_tokens,
+        )  # fmt: skip
+        serve_torch(opts, host=host, port=port, token=token, db=db, run_id=run_id)
+        return
+    from toolkit.sim_options import SimOptions
+
+    sim = SimOptions(
+        workload=workload, nodes=nodes, split=split, agents=agents, arrival_rate=arrival_rate,
+        duration=duration, warmup=warmup, learn=learn, cycle=cycle or None, planner=planner,
+        router=router, eviction=eviction, profile=profile, seed=seed, window=window,
+        slices=slices, telemetry=telemetry,
+    )  # fmt: skip
+    _serve_sim(sim, speed, planner_mode, host=host, port=port, token=token, db=db, run_id=run_id)
+
+
+def _serve_sim(
+    options: SimOptions,
+    speed: float,
+    planner_mode: str,
+    *,
+    host: str,
+    port: int,
+    token: str,
+    db: Path | None,
+    run_id: str | None,
+) -> None:
+    """The simulated cluster paced to wall-clock time behind the server."""
+    import uvicorn
+
+    from cluster.server import ControlService, create_app
+    from cluster.sim.paced import PaceConfig, PacedSimulation
+    from toolkit.processes import serving
+
     try:
-        cfg = SimConfig(
-            workload=workload,
-            nodes=nodes,
-            split=split,
-            agents=agents,
-            arrival_rate_per_min=arrival_rate,
-            duration_s=duration,
-            warmup_s=warmup,
-            planner=planner,
-            router=router,
-            eviction=eviction,
-            profile=profile,
-            seed=seed,
-            window_s=window,
-            slices=slices,
-            telemetry=telemetry,
+        cfg = options.to_config()
+        engines = PacedSimulation(
+            cfg, db, PaceConfig(speed=speed, planner_mode=planner_mode), run_id
         )
-        live = LiveCluster(cfg, db, LiveConfig(speed=speed, planner_mode=planner_mode), run_id)
+        service = ControlService(engines)
     except (ConfigError, ValueError) as err:
         console.print(f"[red]error:[/] {err}")
         raise typer.Exit(2) from None
-    if host not in LOOPBACK:
-        console.print(f"[yellow]warning:[/] binding {host}: the API is reachable from the network")
-    app = create_app(live, token)
+    app = create_app(service, token)
     url = f"http://{host}:{port}"
     # Printed before the server starts so wrappers (pdlab lab, tests) can read it at once.
     print(f"pdlab serve: {url} token={token}", flush=True)
@@ -117,108 +213,12 @@ def serve_command(
     server = uvicorn.Server(
         uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
     )
-    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it handled
+    # uvicorn re-raises the SIGINT (SIGTERM, SIGHUP: toolkit.processes) it handled
+    with serving(server), contextlib.suppress(KeyboardInterrupt):
         server.run()
-    summary = live.summary
+    summary = service.summary
     if summary is not None:
         console.print(
             f"run {summary.get('run_id')}: {summary['sim_seconds']:.0f} sim-s, "
             f"{summary['requests']} requests, {summary['switches']} switches"
         )
-
-
-def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
-        try:
-            httpx.get(url, timeout=1.0)
-            return
-        except httpx.TransportError:
-            time.sleep(0.2)
-    raise RuntimeError(f"{url} did not answer within {timeout_s:.0f} s")
-
-
-def _stop(proc: subprocess.Popen[bytes], timeout_s: float = 40.0, sig: int = signal.SIGINT) -> None:
-    """Ask `proc` to shut down cleanly (the server closes its telemetry run), then insist."""
-    if proc.poll() is not None:
-        return
-    proc.send_signal(sig)
-    try:
-        proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def lab_command(
-    notebook_dir: Path = typer.Option(Path("notebooks"), help="Directory JupyterLab opens"),
-    port: int = typer.Option(8600, help="Control server port"),
-    lab_port: int = typer.Option(8888, help="JupyterLab port"),
-    lab_token: str | None = typer.Option(
-        None, help="JupyterLab token (default: generated, printed in its URL)"
-    ),
-    token: str | None = typer.Option(None, help=f"Server bearer token (default: ${TOKEN_ENV})"),
-    db: Path = typer.Option(
-        Path("pdlab-live.duckdb"), help="DuckDB file the live run writes (notebooks read it)"
-    ),
-    speed: float = typer.Option(10.0, help="Simulated seconds per wall-clock second"),
-    workload: str = typer.Option("cc", help="Workload of the simulated cluster"),
-    nodes: int = typer.Option(9, help="Number of nodes"),
-    split: str = typer.Option("4P5D", help="Initial split XPYD"),
-    agents: int = typer.Option(126, help="Concurrent agents (closed loop)"),
-    window: float = typer.Option(
-        300.0, help="Planner window (simulated s; shorter than serve's so gains show sooner)"
-    ),
-    open_browser: bool = typer.Option(True, "--browser/--no-browser", help="Open a browser"),
-) -> None:
-    """Start `pdlab serve` in the background and JupyterLab on the notebooks; Ctrl-C stops both."""
-    if not notebook_dir.is_dir():
-        console.print(f"[red]error:[/] notebook directory {notebook_dir} does not exist")
-        raise typer.Exit(2)
-    token = token or os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(18)
-    lab_token = lab_token or secrets.token_urlsafe(18)
-    url = f"http://127.0.0.1:{port}"
-    db = db.resolve()
-    env = {**os.environ, "PDLAB_URL": url, "PDLAB_TOKEN": token, "PDLAB_DB": str(db)}
-    serve = subprocess.Popen(
-        [sys.executable, "-m", "toolkit.cli", "serve", "--port", str(port), "--db", str(db),
-         "--speed", str(speed), "--workload", workload, "--nodes", str(nodes),
-         "--split", split, "--agents", str(agents), "--window", str(window)],
-        env=env,
-    )  # fmt: skip
-    lab: subprocess.Popen[bytes] | None = None
-    try:
-        _wait_http(f"{url}/v1/health", serve, 60)
-        lab = subprocess.Popen(
-            [sys.executable, "-m", "jupyterlab", "--ServerApp.ip=127.0.0.1",
-             f"--ServerApp.port={lab_port}", "--ServerApp.port_retries=0",
-             f"--IdentityProvider.token={lab_token}", f"--ServerApp.root_dir={notebook_dir.resolve()}",
-             "--ServerApp.open_browser=" + ("True" if open_browser else "False"),
-             *(["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else [])],
-            env=env,
-        )  # fmt: skip
-        _wait_http(f"http://127.0.0.1:{lab_port}/api", lab, 120)
-        print(
-            f"pdlab lab: JupyterLab http://127.0.0.1:{lab_port}/lab?token={lab_token}  "
-            f"server {url} token={token}",
-            flush=True,
-        )
-        while serve.poll() is None and lab.poll() is None:
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
-    except RuntimeError as err:
-        console.print(f"[red]error:[/] {err}")
-        raise typer.Exit(1) from None
-    finally:
-        if lab is not None:
-            _stop(lab, 20, signal.SIGTERM)  # SIGINT would ask for confirmation
-        _stop(serve)

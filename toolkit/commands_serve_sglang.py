@@ -1,7 +1,7 @@
 """`pdlab serve --sglang CLUSTER_FILE`: the control server over live SGLang engines (SPEC §6).
 
 The same REST API as the simulated cluster (`pdlab serve`), over the engines of a cluster
-file (`cluster.sglang.cluster_file`), plus the data plane on the same port: /generate,
+file (`cluster.sglang.live.cluster_file`), plus the data plane on the same port: /generate,
 /v1/completions and /v1/chat/completions (point an OpenAI client's base_url at
 http://HOST:PORT/v1), POST /v1/branches/{id}/finish and GET /health. Collectors write the
 engines' KV events and forward-pass iterations to `--db` (fit them with `pdlab fit`).
@@ -13,13 +13,33 @@ from __future__ import annotations
 import contextlib
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
 
 from cluster.core import ConfigError
 
+if TYPE_CHECKING:
+    from cluster.sglang.live.cluster import SGLangCluster
+
 console = Console(stderr=True)
+
+
+def create_sglang_app(cluster: SGLangCluster, token: str) -> Any:
+    """The control server's REST API (SPEC §6) over `cluster`, plus its data plane.
+
+    The composition root of `pdlab serve --sglang`: the SGLang cluster is the server's
+    `ClusterEngines`; the app starts it on startup and stops it (closing the telemetry run)
+    on shutdown. Data-plane routes need no token; control calls do.
+    """
+    from cluster.server import ControlService, ServiceConfig, create_app
+    from cluster.sglang.live.serving import add_data_plane
+
+    service = ControlService(cluster, ServiceConfig(flush_every_s=cluster.settings.flush_every_s))
+    app = create_app(service, token)
+    add_data_plane(app, cluster)
+    return app
 
 
 def serve_sglang(
@@ -31,11 +51,11 @@ def serve_sglang(
     db: Path | None,
     run_id: str | None,
 ) -> None:
-    """Discover the engines, then serve until Ctrl-C / SIGTERM (the run is closed on exit)."""
+    """Discover the engines, then serve until Ctrl-C / SIGTERM / SIGHUP (the run is closed)."""
     import uvicorn
 
-    from cluster.sglang.backend import SGLangCluster
-    from cluster.sglang.serving import create_sglang_app
+    from cluster.sglang.live.cluster import SGLangCluster
+    from toolkit.processes import serving
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -59,7 +79,7 @@ def serve_sglang(
     server = uvicorn.Server(
         uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
     )
-    with contextlib.suppress(KeyboardInterrupt):
+    with serving(server), contextlib.suppress(KeyboardInterrupt):  # SIGHUP: graceful too
         server.run()
     s = cluster.summary
     if s is not None:

@@ -1,14 +1,20 @@
-"""`pdlab simulate`: simulate agent workloads on a PD-disaggregated cluster (SPEC §5, §7)."""
+"""`pdlab simulate` and `pdlab experiment`: simulate agent workloads on a PD-disaggregated
+cluster (SPEC §5, §7) and reproduce paper 000's qualitative results.
+
+`simulate` turns its options into a SimConfig through `toolkit.sim_options` (shared with
+`sweep` and `serve`), checks it before the progress bar starts, and after the summary says
+where the telemetry went and what to run on it next.
+"""
 
 from __future__ import annotations
 
 import json
-import math
+import shlex
 from pathlib import Path
-from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -17,37 +23,29 @@ from cluster.core import ConfigError
 console = Console(stderr=True)
 
 
-def _clean(v: Any) -> Any:
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if isinstance(v, dict):
-        return {k: _clean(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_clean(x) for x in v]
-    return v
-
-
 def simulate_command(
     workload: str = typer.Option("cc", help="putnam | cc | osworld | shift | path to a trace file"),
     nodes: int = typer.Option(9, help="Number of nodes (each 4 GPUs in the presets)"),
     split: str = typer.Option("4P5D", help="Initial split XPYD, or 'collocated'"),
     agents: int | None = typer.Option(
-        None, help="Closed loop: concurrent agents (default 126 unless --arrival-rate)"
+        None,
+        help="Closed loop: concurrent agents (default 126 unless --arrival-rate; a trace with "
+        "arrival times replays them instead, unless --cycle)",
     ),
     arrival_rate: float | None = typer.Option(
         None, "--arrival-rate", help="Open loop: Poisson agent arrivals per minute"
     ),
     max_active: int = typer.Option(258, help="Open loop admission limit (concurrent agents)"),
     duration: float = typer.Option(3600.0, help="Simulated seconds"),
-    warmup: float = typer.Option(
-        600.0,
-        help="Warmup seconds excluded from metrics (the gain planner serves collocated and "
-        "fits during the first --learn of them)",
+    warmup: float | None = typer.Option(
+        None,
+        help="Warmup seconds excluded from metrics (default: a sixth of --duration, at most "
+        "600; the gain planner serves collocated and fits during the first --learn of them)",
     ),
     learn: float | None = typer.Option(
         None,
-        help="Seconds of collocated learning before disaggregation (Alg. E.3 T_learn; "
-        "default: the whole warmup)",
+        help="Seconds of collocated learning and model fitting before disaggregation, within "
+        "the warmup (Alg. E.3 T_learn; default: min(300, --warmup))",
     ),
     planner: str = typer.Option("gain", help="gain | static | dynamo | arrow"),
     router: str = typer.Option(
@@ -85,17 +83,67 @@ def simulate_command(
     policy_param: list[str] = typer.Option(
         [], "--policy-param", help="FAMILY.KEY=VALUE for a policy, e.g. retention.tau_s=5"
     ),
+    hook_budget: float | None = typer.Option(
+        None,
+        "--hook-budget",
+        help="Wall seconds one user policy hook call may run before the run fails naming it "
+        "(default 10; 0: no limit)",
+    ),
     host_kv: bool = typer.Option(
         True, "--host-kv/--no-host-kv", help="--no-host-kv: one GPU KV pool (collocated only)"
     ),
     l1_tokens: int | None = typer.Option(None, help="GPU KV tokens per node (profile default)"),
     l2_tokens: int | None = typer.Option(None, help="Host KV tokens per node (profile default)"),
+    max_num_seqs: int | None = typer.Option(
+        None,
+        "--max-num-seqs",
+        help="Engine limit: running sequences per node (decode batch cap, the rest queue; "
+        "sequences per prefill iteration). Any engine limit makes decode KV grow as "
+        "generated and preempts the newest decode when it runs out (vLLM)",
+    ),
+    max_num_batched_tokens: int | None = typer.Option(
+        None,
+        "--max-num-batched-tokens",
+        help="Engine limit: token budget per iteration (prefill chunks; a collocated "
+        "node's running decodes take theirs first) (default: the profile's chunk)",
+    ),
+    gpu_memory_gib: float | None = typer.Option(
+        None,
+        "--gpu-memory-gib",
+        help="Engine limit: GPU memory per GPU; KV capacity per node = memory x "
+        "utilization - weights - activations, from the profile's model (instead of "
+        "--l1-tokens; needs a `pdlab profile import` profile)",
+    ),
+    gpu_memory_utilization: float | None = typer.Option(
+        None,
+        "--gpu-memory-utilization",
+        help="Share of --gpu-memory-gib the engine may use, in (0, 1] (default 0.9)",
+    ),
     max_programs: int | None = typer.Option(None, help="Admit at most this many programs"),
+    cycle: bool = typer.Option(
+        False,
+        "--cycle",
+        help="Trace: --agents agents (or --arrival-rate) cycle the trace's programs, ignoring "
+        "arrival times (default: each program once, at its arrival time if it has one; the "
+        "run ends when the last finishes)",
+    ),
     partitions: int = typer.Option(
         1, help="Hierarchical partitions (paper 000 App. D.2), simulated in parallel"
     ),
     processes: int | None = typer.Option(
-        None, help="Worker processes for partitions (default: CPU count)"
+        None,
+        help="Worker processes (local) or CPUs of the local Ray runtime (ray) for "
+        "partitions (default: one per partition, at most the CPU count)",
+    ),
+    backend: str = typer.Option(
+        "local", help="Where partitions run: local (processes) | ray (tasks; needs pdlab[ray])"
+    ),
+    address: str | None = typer.Option(
+        None,
+        "--address",
+        "--ray-address",
+        help="Ray cluster to run partitions on, e.g. ray://head:10001 or auto (default: a "
+        "local Ray runtime, shut down after the run)",
     ),
     fit: bool = typer.Option(
         False, "--fit", help="Then fit each node's iteration-time models from the run (needs --db)"
@@ -108,40 +156,74 @@ def simulate_command(
             "[red]error:[/] --fit needs --db (the models are fitted from the stored iteration logs)"
         )
         raise typer.Exit(2)
+    if db is not None:
+        from telemetry import TelemetryError
+        from telemetry.database import check_database
+
+        try:
+            check_database(db)
+        except TelemetryError as err:
+            console.print(f"[red]error:[/] --db: {err}")
+            raise typer.Exit(2) from None
+    # Heavy imports inside the command, so `pdlab --help` stays fast.
     from cluster.core import tune_gc
     from cluster.sim.runner import simulate
-    from cluster.sim.simulator import SimConfig
-    from toolkit.commands_sweep import policy_options
+    from toolkit.sim_options import SimOptions, clean_json
 
+    if backend not in ("local", "ray"):
+        console.print(f"[red]error:[/] --backend must be one of local, ray, got {backend!r}")
+        raise typer.Exit(2)
+    if address is not None and backend != "ray":
+        console.print("[red]error:[/] --address needs --backend ray")
+        raise typer.Exit(2)
+    if backend == "ray":
+        from cluster.sim.ray_runtime import import_ray
+
+        try:
+            import_ray()  # a missing extra fails here, not after the progress bar started
+        except ConfigError as err:
+            console.print(f"[red]error:[/] {escape(str(err))}")
+            raise typer.Exit(2) from None
     tune_gc()
-
-    if agents is None and arrival_rate is None:
-        agents = 126
+    options = SimOptions(
+        workload=workload,
+        nodes=nodes,
+        split=split,
+        agents=agents,
+        arrival_rate=arrival_rate,
+        max_active=max_active,
+        duration=duration,
+        warmup=warmup,
+        learn=learn,
+        planner=planner,
+        router=router,
+        eviction=eviction,
+        profile=profile,
+        seed=seed,
+        kv_fetch=kv_fetch,
+        telemetry=telemetry,
+        relaunch=relaunch,
+        host_kv=host_kv,
+        l1_tokens=l1_tokens,
+        l2_tokens=l2_tokens,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        gpu_memory_gib=gpu_memory_gib,
+        gpu_memory_utilization=gpu_memory_utilization,
+        max_programs=max_programs,
+        cycle=cycle or None,
+        retention=retention,
+        scheduling=scheduling,
+        dispatch=dispatch,
+        policy_param=tuple(policy_param),
+        hook_budget=hook_budget,
+    )
     try:
-        cfg = SimConfig(
-            workload=workload,
-            nodes=nodes,
-            split=split,
-            agents=agents,
-            arrival_rate_per_min=arrival_rate,
-            max_active=max_active,
-            duration_s=duration,
-            warmup_s=warmup,
-            learn_s=learn,
-            planner=planner,
-            router=router,
-            eviction=eviction,
-            profile=profile,
-            seed=seed,
-            kv_fetch=kv_fetch,
-            telemetry=telemetry,
-            relaunch_s=relaunch,
-            host_kv=host_kv,
-            l1_tokens=l1_tokens,
-            l2_tokens=l2_tokens,
-            max_programs=max_programs,
-            **policy_options(retention, scheduling, dispatch, policy_param),
-        )
+        cfg = options.to_config()  # checked: a bad option fails before the progress bar
+    except ConfigError as err:
+        console.print(f"[red]error:[/] {escape(str(err))}")
+        raise typer.Exit(2) from None
+    try:
         with Progress(
             TextColumn("[bold]simulating[/] {task.description}"),
             BarColumn(),
@@ -151,7 +233,7 @@ def simulate_command(
             console=console,
             transient=as_json,
         ) as bar:
-            if partitions > 1:
+            if partitions > 1 or backend == "ray":
                 from cluster.sim.partitions import simulate_partitioned
 
                 task = bar.add_task(
@@ -164,7 +246,9 @@ def simulate_command(
                     db,
                     run_id,
                     processes=processes,
+                    backend=backend,
                     on_done=lambda _r: bar.advance(task),
+                    ray_address=address,
                 )
             else:
                 task = bar.add_task(f"{workload} on {nodes} nodes", total=duration)
@@ -172,9 +256,9 @@ def simulate_command(
                     cfg, db, run_id, progress=lambda t: bar.update(task, completed=t)
                 )
     except (ConfigError, ValueError) as err:
-        console.print(f"[red]error:[/] {err}")
+        console.print(f"[red]error:[/] {escape(str(err))}")
         raise typer.Exit(2) from None
-    summary = _clean(summary)
+    summary = clean_json(summary)
     fits = None
     if fit and db is not None:
         from toolkit.commands_fit import _print_table
@@ -195,15 +279,74 @@ def simulate_command(
         "wall_seconds", "speedup", "requests", "throughput_rps", "mean_ttft_s", "p95_ttft_s",
         "mean_e2e_s", "p50_e2e_s", "p95_e2e_s", "kv_hit_rate", "ideal_kv_hit_rate",
         "lost_kv_reuse", "switches", "mean_switch_time_s", "retention", "scheduling",
-        "mean_jct_s", "p99_jct_s", "preemptions", "mean_tpot_s", "mean_queueing_s",
+        "mean_jct_s", "p99_jct_s", "preemptions", "preemptions_total", "mean_tpot_s",
+        "mean_queueing_s", "mean_decode_wait_s", "decode_refused",
     ):  # fmt: skip
         v = summary.get(key)
         if v is None:
             continue  # not applicable to this run (no partitions, no finished program, ...)
         table.add_row(key, f"{v:.4g}" if isinstance(v, float) else str(v))
     Console().print(table)
+    note = trace_note(summary, agents_given=agents is not None)
+    if note:
+        Console().print(note, soft_wrap=True, markup=False, highlight=False)
     for result, _ in fits or ():
         _print_table(result, None)
+    runs = summary.get("partition_runs") or ([summary["run_id"]] if summary.get("run_id") else [])
+    _print_next_steps(db, runs, fitted=fits is not None)
+
+
+def trace_note(summary: dict[str, object], *, agents_given: bool = False) -> str | None:
+    """One line on a trace replay: how much of the trace was served, and how."""
+    replay = summary.get("trace_replay")
+    if replay is None:
+        return None
+    total, served = summary.get("trace_requests"), summary.get("trace_requests_served")
+    if replay == "arrivals":
+        note = f"trace: {served} of {total} requests served, each once at its arrival time"
+        if summary.get("trace_finished"):
+            note += f"; the run ended when the last finished (t={summary['sim_seconds']:.1f} s)"
+        else:
+            note += f"; the run ended at --duration {summary['sim_seconds']:g} s"
+        if agents_given:
+            note += "; --agents does not apply (--cycle: the agents cycle the trace instead)"
+        if summary.get("measured_seconds") == 0:
+            note += "; nothing measured: the run ended within the --warmup"
+        return note
+    loop = "a closed loop of agents" if replay == "closed" else "open-loop arrivals"
+    how = "cycling the trace" if summary.get("trace_cycled") else "each program at most once"
+    return f"trace: {served} requests served from a {total}-request trace by {loop}, {how}"
+
+
+def _print_next_steps(db: Path | None, runs: list[str], fitted: bool) -> None:
+    """Where the run's telemetry went and the commands that read it."""
+    out = Console()
+    if db is None or not runs:
+        out.print(
+            "telemetry not stored: add --db FILE to keep it for `pdlab report`, `pdlab fit` "
+            "and the notebooks"
+        )
+        return
+    arg = shlex.quote(str(db))
+    run = f" --run {shlex.quote(runs[0])}"
+    what = f"run {runs[0]}" if len(runs) == 1 else f"runs {', '.join(runs)} (one per partition)"
+    out.print(
+        f"telemetry of {what} in {db.resolve()}", soft_wrap=True, markup=False, highlight=False
+    )
+    steps = [
+        (f"pdlab report {arg}{run} -o report.html", "the run's summary and figures in one file"),
+        (
+            f"pdlab fit {arg}{run}",
+            "refit with other options (--node, --holdout, --bootstrap)"
+            if fitted
+            else "fit each node's iteration-time models",
+        ),
+        ("pdlab lab", "JupyterLab on the notebooks, with a live cluster to control"),
+    ]
+    width = max(len(c) for c, _ in steps)
+    out.print("next:", highlight=False)
+    for command, note in steps:
+        out.print(f"  {command:<{width}}  # {note}", soft_wrap=True, markup=False, highlight=False)
 
 
 def experiment_command(
@@ -216,13 +359,14 @@ def experiment_command(
 ) -> None:
     """Reproduce one of paper 000's qualitative results on the simulator."""
     from cluster.core import tune_gc
-    from cluster.sim.experiments import configs, run_experiment
+    from cluster.experiments.evolving_infra import configs, run_experiment
+    from toolkit.sim_options import clean_json
 
     tune_gc()
     try:
         total = len(configs(name, quick))
     except ConfigError as err:
-        console.print(f"[red]error:[/] {err}")
+        console.print(f"[red]error:[/] {escape(str(err))}")
         raise typer.Exit(2) from None
     with Progress(
         TextColumn(f"[bold]{name}[/]"),
@@ -234,7 +378,7 @@ def experiment_command(
     ) as bar:
         task = bar.add_task(name, total=total)
         result = run_experiment(name, quick, processes, on_row=lambda _r: bar.advance(task))
-    result = _clean(result)
+    result = clean_json(result)
     if as_json:
         typer.echo(json.dumps(result))
         return

@@ -1,5 +1,6 @@
 """`pdlab sweep`: grid or random policy sweeps on local processes or Ray (paper 003 §5.2).
 
+    pdlab sweep --preset smoke                      # 24 short runs: a first try (seconds)
     pdlab sweep --preset table1 --db sweeps.duckdb
     pdlab sweep --base workload=cc --base nodes=1 --base split=collocated \\
         --base host_kv=false --base l1_tokens=150000 --base duration_s=600 --base warmup_s=0 \\
@@ -8,61 +9,42 @@
     pdlab sweep ... --random retention_params.tau_s=loguniform:0.5:30 --samples 16
 
 Values are JSON where they parse as JSON (numbers, true/false, null), strings otherwise.
-Also `policy_options`, the `--retention/--scheduling/--dispatch/--policy-param` parsing
-shared with `pdlab simulate`.
+A sweep needs something to run: a --preset, or axes and a base (--grid, --random, --base);
+without any the command refuses instead of running SimConfig's default hour-long cluster.
+Presets come from `cluster.experiments.policy_sweeps`. Every point's configuration is
+checked before the progress bar and the workers start. A point that sets `duration_s` but no
+`warmup_s` gets a warmup of a sixth of its duration, at most 600 s (of the trace's span when
+it replays a trace at its arrival times, which it does once unless `trace_cycle=true`).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from cluster.core import ConfigError
 
+if TYPE_CHECKING:
+    from cluster.sweep import SweepSpec
+
 console = Console(stderr=True)
-FAMILIES = ("retention", "scheduling", "dispatch")
-
-
-def parse_value(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
-
-
-def _pairs(items: list[str], what: str) -> list[tuple[str, str]]:
-    out = []
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"{what} {item!r} must look like KEY=VALUE")
-        out.append((key.strip(), value))
-    return out
-
-
-def policy_options(
-    retention: str | None, scheduling: str, dispatch: str | None, params: list[str]
-) -> dict[str, Any]:
-    """SimConfig fields for the planes from CLI options (FAMILY.KEY=VALUE parameters)."""
-    out: dict[str, Any] = {"retention": retention, "scheduling": scheduling, "dispatch": dispatch}
-    for key, value in _pairs(params, "--policy-param"):
-        family, _, name = key.partition(".")
-        if family not in FAMILIES or not name:
-            raise ConfigError(
-                f"--policy-param {key!r} must be FAMILY.KEY=VALUE with FAMILY one of "
-                f"{', '.join(FAMILIES)}"
-            )
-        out.setdefault(f"{family}_params", {})[name] = parse_value(value)
-    return out
+NOTHING_TO_SWEEP = (
+    "nothing to sweep: give --preset NAME (smoke: 24 short runs; table1; policies) or axes "
+    "and a base configuration with --grid AXIS=V1,V2,..., --random AXIS=DIST and "
+    "--base KEY=VALUE (see pdlab sweep --help)"
+)
 
 
 def _random_dist(text: str) -> tuple[Any, ...]:
+    from toolkit.sim_options import parse_value
+
     kind, _, rest = text.partition(":")
     if kind == "choice":
         return ("choice", [parse_value(v) for v in rest.split(",")])
@@ -76,6 +58,15 @@ def _random_dist(text: str) -> tuple[Any, ...]:
         ) from None
 
 
+def _seeds(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(s) for s in text.split(","))
+    except ValueError:
+        raise ConfigError(
+            f"--seeds {text!r} must be comma-separated integers, e.g. 0,1,2"
+        ) from None
+
+
 def build_spec(
     preset: str | None,
     quick: bool,
@@ -84,36 +75,42 @@ def build_spec(
     random: list[str],
     samples: int,
     seeds: str | None,
-) -> Any:
+) -> SweepSpec:
+    """The sweep the options describe (validated); ConfigError when they describe none."""
+    from cluster.experiments.policy_sweeps import preset as make_preset
     from cluster.sweep import SweepSpec
-    from cluster.sweep import preset as make_preset
+    from toolkit.sim_options import key_values, parse_value
 
+    if preset is None and not (base or grid or random):
+        raise ConfigError(NOTHING_TO_SWEEP)
     if preset is not None:
         spec = make_preset(preset, quick)
         b, g, r = dict(spec.base), dict(spec.grid), dict(spec.random)
-        name = spec.name
+        name, preset_seeds = spec.name, spec.seeds
     else:
-        b, g, r, name = {}, {}, {}, "sweep"
-    for key, value in _pairs(base, "--base"):
+        b, g, r, name, preset_seeds = {}, {}, {}, "sweep", (0,)
+    for key, value in key_values(base, "--base"):
         b[key] = parse_value(value)
-    for key, value in _pairs(grid, "--grid"):
+    for key, value in key_values(grid, "--grid"):
         g[key] = [parse_value(v) for v in value.split(",")]
-    for key, value in _pairs(random, "--random"):
+    for key, value in key_values(random, "--random"):
         r[key] = _random_dist(value)
-    seed_tuple = (
-        tuple(int(s) for s in seeds.split(","))
-        if seeds
-        else (spec.seeds if preset is not None else (0,))
-    )
     out = SweepSpec(
-        base=b, grid=g, random=r, samples=samples or (1 if r else 0), seeds=seed_tuple, name=name
+        base=b,
+        grid=g,
+        random=r,
+        samples=samples or (1 if r else 0),
+        seeds=_seeds(seeds) if seeds else preset_seeds,
+        name=name,
     )
     out.validate()
     return out
 
 
 def sweep_command(
-    preset: str | None = typer.Option(None, help="table1 | policies | smoke"),
+    preset: str | None = typer.Option(
+        None, help="table1 | policies | smoke (24 short runs, seconds: a first try)"
+    ),
     quick: bool = typer.Option(False, help="Fewer seeds for the presets"),
     base: list[str] = typer.Option([], "--base", help="SimConfig field KEY=VALUE (repeatable)"),
     grid: list[str] = typer.Option([], "--grid", help="Grid axis AXIS=V1,V2,... (repeatable)"),
@@ -132,11 +129,17 @@ def sweep_command(
     as_json: bool = typer.Option(False, "--json", help="Print rows and aggregates as JSON"),
 ) -> None:
     """Sweep policies and parameters; results into DuckDB and a summary table."""
-    from cluster.sweep import aggregate, expand, run_sweep, write_results
+    # Heavy imports inside the command, so `pdlab --help` stays fast.
+    from cluster.experiments.policy_sweeps import table1_rows
+    from cluster.sweep import BACKENDS, aggregate, check_points, expand, run_points, write_results
+    from toolkit.sim_options import clean_json
 
     try:
         spec = build_spec(preset, quick, base, grid, random, samples, seeds)
-        total = len(expand(spec))
+        if backend not in BACKENDS:
+            raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        points = expand(spec)
+        check_points(points)  # every configuration, before the bar and the workers start
         with Progress(
             TextColumn(f"[bold]sweep {spec.name}[/] ({backend})"),
             BarColumn(),
@@ -145,28 +148,24 @@ def sweep_command(
             console=console,
             transient=as_json,
         ) as bar:
-            task = bar.add_task("runs", total=total)
-            rows = run_sweep(
-                spec,
+            task = bar.add_task("runs", total=len(points))
+            rows = run_points(
+                points,
                 backend,
                 processes,
                 on_row=lambda _r: bar.advance(task),
                 ray_address=ray_address,
             )
     except ConfigError as err:
-        console.print(f"[red]error:[/] {err}")
+        console.print(f"[red]error:[/] {escape(str(err))}")
         raise typer.Exit(2) from None
     sid = write_results(db, rows, sweep_id) if db is not None else sweep_id
     agg = aggregate(rows)
     result: dict[str, Any] = {"sweep_id": sid, "name": spec.name, "aggregate": agg}
     if spec.name == "table1":
-        from cluster.policies.experiments import table1_rows
-
         result["table1"] = table1_rows(agg)
     if as_json:
-        from toolkit.commands_sim import _clean
-
-        typer.echo(json.dumps(_clean(result | {"rows": rows}), default=str))
+        typer.echo(json.dumps(clean_json(result | {"rows": rows}), default=str))
         return
     _print(result, db)
 

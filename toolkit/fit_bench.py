@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 
 from models.iteration import phi
+from telemetry.database import connect
 from telemetry.schema import all_ddl
 from toolkit.fitting import fit_run, save_fits
 
@@ -78,7 +78,7 @@ def _decode_rows(rng: np.random.Generator, start: int, n: int) -> pa.Table:
 def write_bench_db(path: Path, num_iterations: int, seed: int = 0) -> None:
     """A run of `num_iterations` iterations (half each phase) written via Arrow."""
     rng = np.random.default_rng(seed)
-    con = duckdb.connect(str(path))
+    con = connect(path)
     try:
         for stmt in all_ddl():
             con.execute(stmt)

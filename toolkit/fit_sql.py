@@ -87,7 +87,13 @@ def aggregate(
     node_ids: Sequence[int] | None,
     threshold: int,
     log_base: dict[int, float],
+    bucket_sql: str | None = None,
 ) -> dict[int, Agg]:
+    """Per-node Gram statistics of one phase, by validity, held-out flag and bucket.
+
+    Buckets are hash buckets of (node_id, iter_id) unless `bucket_sql` gives another
+    grouping of the training rows (an SQL expression over `t`, e.g. time windows).
+    """
     p = len(spec.terms)
     feats = ["w", *(f"({f}) * w" for f in spec.features)]  # x_i / y
     names = [f"x{i}" for i in range(p)]
@@ -108,13 +114,15 @@ def aggregate(
         WITH s AS (
             SELECT t.node_id AS node_id,
                    hash(t.node_id, t.iter_id) AS h,
+                   {bucket_sql or "NULL"} AS tb,
                    coalesce({spec.valid}, false) AS ok,
                    CASE WHEN ok THEN 1.0 / t.duration_s END AS w,
                    {", ".join(f"{f} AS {n}" for f, n in zip(feats, names, strict=True))}
             FROM {spec.table} t {join}
             WHERE t.run_id = ?{node_filter}
         )
-        SELECT node_id, ok, (h % {HASH_MOD}) < ? AS test, (h // {HASH_MOD}) % {NUM_BUCKETS} AS bucket,
+        SELECT node_id, ok, (h % {HASH_MOD}) < ? AS test,
+               {"tb" if bucket_sql else f"(h // {HASH_MOD}) % {NUM_BUCKETS}"} AS bucket,
                count(*) AS n, {", ".join(sums)}
         FROM s GROUP BY ALL
     """

@@ -16,6 +16,13 @@ Decisions for logs written outside pdlab:
   model: phi(B) = 0 and d1 is fixed at 0 (noted).
 - rows with duration_s <= 0, non-finite, negative or missing values are excluded and
   counted in the entry's message.
+- the tables are checked against the schema first (telemetry.check): a missing or misspelt
+  required column, values of the wrong type or NULL ids are a `FitInputError`, not an
+  empty fit.
+- moe_top_k = moe_experts (every expert active): phi(B) = 1 for every batch, the same
+  feature as d0's, so d1 cannot be told from d0: it is fixed at 0 and d0 absorbs it (noted).
+- a run that never finished (telemetry.status) is fitted from the rows it has, and
+  `RunFit.note` says so.
 - `save_fits` creates `model_fits` when absent and replaces the run's previous rows for the
   refitted (node, phase) pairs in one transaction; failed fits leave earlier rows alone.
 """
@@ -23,7 +30,7 @@ Decisions for logs written outside pdlab:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,7 +40,9 @@ import duckdb
 
 from models.fitting import FitError, bootstrap_ci, fit_from_gram
 from telemetry import TelemetryError, open_reader, store
+from telemetry.check import check_connection
 from telemetry.reader import DB_ALIAS
+from telemetry.status import run_states, unfinished_note
 from telemetry.validate import validate_batch
 from toolkit.fit_sql import HASH_MOD, PHASE_SQL, Agg, aggregate, heldout_mape
 
@@ -52,6 +61,9 @@ class PhaseFit(NamedTuple):
     `samples` counts training rows, `samples_test` held-out rows; `mape` is held-out MAPE as
     a fraction; `ci` the bootstrap 95% interval per coefficient; `fixed` terms held at 0.
     On success `message` carries notes (excluded rows, dense model, ...) or is None.
+    `form` is the model form's label (models.forms: 'paper' is Eq. 1 / Eq. 2), `terms` its
+    coefficient names (empty: the paper form's), `cv` each candidate's cross-validated
+    relative RMSE when the form was chosen by evidence.
     """
 
     phase: Phase
@@ -62,6 +74,9 @@ class PhaseFit(NamedTuple):
     ci: tuple[tuple[float, float], ...] | None = None
     fixed: tuple[str, ...] = ()
     message: str | None = None
+    form: str = "paper"
+    terms: tuple[str, ...] = ()
+    cv: tuple[tuple[str, float], ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -79,6 +94,7 @@ class RunFit(NamedTuple):
     nodes: tuple[NodeFit, ...]
     holdout: float
     fitted_at: datetime
+    note: str | None = None  # set when the run never finished (its rows stop early)
 
 
 class _Reader(Protocol):
@@ -92,15 +108,15 @@ def _connect(db: str | Path | _Reader) -> Iterator[tuple[Any, str, set[str]]]:
     The connection is the reader's: SPEC §3 tables are views over the DB file plus the live
     segments of runs still being written, so a live run can be fitted too.
     """
-    if isinstance(db, str | Path):
-        path = Path(db)
-        if not path.is_file():
-            raise FitInputError(f"database file {str(path)!r} does not exist")
-        reader: _Reader = open_reader(path)
-        label = str(path)
-    else:
-        reader, label = db, str(getattr(db, "db_path", db))
     try:
+        if isinstance(db, str | Path):
+            path = Path(db)
+            if not path.exists():
+                raise FitInputError(f"database file {str(path)!r} does not exist")
+            reader: _Reader = open_reader(path)
+            label = str(path)
+        else:
+            reader, label = db, str(getattr(db, "db_path", db))
         with reader.connect() as con:
             rows = con.execute(
                 "SELECT table_name FROM duckdb_tables() WHERE database_name = ?", [DB_ALIAS]
@@ -220,13 +236,7 @@ def fit_run(
     threshold = round(holdout * HASH_MOD)
     wanted = None if node_ids is None else sorted({int(n) for n in node_ids})
     with _connect(db) as (con, label, db_tables):
-        present = [t for t in ITERATION_TABLES if t in db_tables or _has_rows(con, t)]
-        if not present:
-            raise FitInputError(
-                f"{label} has no prefill_iterations or decode_iterations table; "
-                f"tables present: {', '.join(sorted(db_tables)) or 'none'}"
-            )
-        run = _resolve_run(con, run_id, label)
+        run, note = _checked_run(con, label, db_tables, run_id)
         shapes = _moe_shapes(con, run)
         aggs = {
             phase: aggregate(con, PHASE_SQL[phase], run, wanted, threshold, _log_bases(shapes))
@@ -244,26 +254,59 @@ def fit_run(
             )
             for phase in PHASES
         }
+    return _assemble(run, nodes, results, shapes, holdout, note)
+
+
+def _assemble(
+    run: str,
+    nodes: list[int],
+    results: dict[Phase, dict[int, tuple[PhaseFit, list[str]]]],
+    shapes: dict[int, tuple[int, int]],
+    holdout: float,
+    note: str | None,
+    fitted_notes: Callable[[PhaseFit], list[str]] = lambda fit: [],
+) -> RunFit:
+    """The run's fit: each node's two phase fits with their notes joined into the message
+    (`fitted_notes` adds notes of a fitted phase)."""
     fits = []
     for n in nodes:
         entries = []
         for phase in PHASES:
             fit, notes = results[phase][n]
             if fit.ok:
-                notes = notes + _success_notes(fit, shapes.get(n), holdout)
+                notes = notes + _success_notes(fit, shapes.get(n), holdout) + fitted_notes(fit)
             if notes:
                 fit = fit._replace(
                     message="; ".join(([fit.message] if fit.message else []) + notes)
                 )
             entries.append(fit)
         fits.append(NodeFit(n, entries[0], entries[1]))
-    return RunFit(run, tuple(fits), holdout, datetime.now(UTC).replace(tzinfo=None))
+    return RunFit(run, tuple(fits), holdout, datetime.now(UTC).replace(tzinfo=None), note)
+
+
+def _checked_run(
+    con: Any, label: str, db_tables: set[str], run_id: str | None
+) -> tuple[str, str | None]:
+    """The run to fit, after checking the database's tables, and a note when it never finished.
+
+    Raises FitInputError naming what is wrong (a schema problem, no iteration table, no such
+    run)."""
+    check_connection(con, label, ("runs", "nodes", *ITERATION_TABLES))
+    if not [t for t in ITERATION_TABLES if t in db_tables or _has_rows(con, t)]:
+        raise FitInputError(
+            f"{label} has no prefill_iterations or decode_iterations table; "
+            f"tables present: {', '.join(sorted(db_tables)) or 'none'}"
+        )
+    run = _resolve_run(con, run_id, label)
+    state = run_states(con, label, [run], DB_ALIAS if db_tables else None)[run]
+    return run, unfinished_note(label, run, state)
 
 
 def _log_bases(shapes: dict[int, tuple[int, int]]) -> dict[int, float]:
-    """ln(1 - k/E) per node with a valid MoE shape (0 for dense: phi = 0)."""
+    """ln(1 - k/E) per node with a valid MoE shape; 0 (phi's feature is 0) for a dense node
+    and for k = E, where phi = 1 in every batch and d0 absorbs d1."""
     return {
-        n: (0.0 if e == 0 else math.log1p(-k / e))
+        n: (0.0 if e == 0 or k == e else math.log1p(-k / e))
         for n, (k, e) in shapes.items()
         if _moe_problem((k, e)) is None
     }
@@ -299,6 +342,10 @@ def _success_notes(fit: PhaseFit, shape: tuple[int, int] | None, holdout: float)
     notes = []
     if fit.phase == "decode" and shape is not None and shape[1] == 0:
         notes.append("dense model (moe_experts = 0): phi(B) = 0, d1 fixed at 0")
+    elif fit.phase == "decode" and shape is not None and shape[0] == shape[1]:
+        notes.append(
+            "moe_top_k = moe_experts: phi(B) = 1 in every batch, so d1 is fixed at 0 and d0 absorbs it"
+        )
     elif "d1" in fit.fixed:
         notes.append("phi(B) is 0 in every iteration: d1 fixed at 0")
     if "c3" in fit.fixed:
@@ -318,7 +365,12 @@ def _phase_json(fit: PhaseFit) -> dict[str, Any]:
         "samples_test": fit.samples_test,
         "ci": [list(c) for c in fit.ci] if fit.ci is not None else None,
         "fixed": list(fit.fixed),
+        "form": fit.form,
     }
+    if fit.terms:
+        out["terms"] = list(fit.terms)
+    if fit.cv:
+        out["cv_rmse"] = dict(fit.cv)
     if fit.message:
         out["message"] = fit.message
     return out
@@ -329,6 +381,7 @@ def to_json(fit: RunFit) -> dict[str, Any]:
     return {
         "run_id": fit.run_id,
         "holdout": fit.holdout,
+        "note": fit.note,
         "nodes": [
             {
                 "node_id": n.node_id,
@@ -338,6 +391,27 @@ def to_json(fit: RunFit) -> dict[str, Any]:
             for n in fit.nodes
         ],
     }
+
+
+def mape_table(fit: RunFit) -> Any:
+    """One row per node and phase: held-out MAPE (%) and the training / held-out rows
+    (a polars DataFrame; the coefficients are in `to_json` and `pdlab fit`)."""
+    import polars as pl
+
+    return pl.DataFrame(
+        [
+            {
+                "node": n.node_id,
+                "phase": f.phase,
+                "heldout_mape_pct": None if f.mape is None else round(100 * f.mape, 1),
+                "train_rows": f.samples,
+                "test_rows": f.samples_test,
+                "note": f.message,
+            }
+            for n in fit.nodes
+            for f in (n.prefill, n.decode)
+        ]
+    )
 
 
 def save_fits(db_path: str | Path, fit: RunFit) -> int:
@@ -359,6 +433,7 @@ def save_fits(db_path: str | Path, fit: RunFit) -> int:
         "coef": [list(f.coef or ()) for _, f in rows],
         "samples": [f.samples for _, f in rows],
         "mape": [f.mape for _, f in rows],
+        "form": [f.form for _, f in rows],
     }
     try:
         batch = validate_batch("model_fits", data, fit.run_id)

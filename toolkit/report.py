@@ -6,7 +6,8 @@ arrived after the warmup and finished, throughput over requests finished in the 
 period, switches completed after the warmup. The tables hold finished requests only, so
 KV hit rates can differ slightly from a simulator summary that also counted requests still
 in flight at the end; wall time is not logged and is left out. The figures are those of
-`toolkit.plots.FIGURES`; plotly.js is embedded once (no network needed to view the file).
+`toolkit.plots.FIGURES`, and for a run written by `pdlab twin` also `TWIN_FIGURES` (real vs
+twin); plotly.js is embedded once (no network needed to view the file).
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from telemetry import TelemetryError
-from toolkit.plots import FIGURES
-from toolkit.plots.common import Run, Source, open_run
-from toolkit.plots.reuse import reuse_totals
-from toolkit.plots.split import phase_segments
+from toolkit.plots import FIGURES, TWIN_FIGURES
+from toolkit.queries.reuse import reuse_totals
+from toolkit.queries.run import Run, Source, open_run
+from toolkit.queries.split import phase_segments
 
 
 class ReportError(Exception):
@@ -162,14 +163,17 @@ def build_report(
     `figures` picks names of `toolkit.plots.FIGURES` (default: all, in that order). A
     figure that raises is shown as an error block and listed in `failures`.
     """
+    every = {**FIGURES, **TWIN_FIGURES}
     names = list(FIGURES) if figures is None else list(figures)
-    unknown = [n for n in names if n not in FIGURES]
+    unknown = [n for n in names if n not in every]
     if unknown:
-        raise ReportError(f"unknown figure(s) {unknown}; choose from: {', '.join(FIGURES)}")
+        raise ReportError(f"unknown figure(s) {unknown}; choose from: {', '.join(every)}")
     try:
         with open_run(db, run_id) as run:
             rid, label = run.run_id, run.label
             summary = summarize_run(run)
+            if figures is None and summary.get("source") == "twin":
+                names = [*TWIN_FIGURES, *names]
     except TelemetryError as exc:
         raise ReportError(str(exc)) from None
     except duckdb.Error as exc:
@@ -177,7 +181,7 @@ def build_report(
     sections, titles, failures = [], {}, []
     for name in names:
         try:
-            fig = FIGURES[name](db, rid)
+            fig = every[name](db, rid)
         except Exception as exc:  # a broken figure must not hide the others; it is reported
             failures.append(FigureFailure(name, f"{type(exc).__name__}: {exc}"))
             titles[name] = name

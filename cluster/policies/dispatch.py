@@ -23,11 +23,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, cast
 
+from cluster.control.routing import local_decision
+from cluster.control.state import ClusterView, RouteDecision, RouteRequest
 from cluster.core import ConfigError, Registry
 from cluster.policies.errors import PolicyError
 from cluster.policies.pcb import ProgramControlBlock, Signals
-from cluster.routing import local_decision
-from cluster.state import ClusterView, RouteDecision, RouteRequest
 
 
 class DispatchHooks(Protocol):
@@ -96,7 +96,7 @@ class SessionAffinityDispatch(DispatchPolicy):
 
 
 class DispatchRouter:
-    """A dispatch policy as a `cluster.routing.Router` (see module docstring)."""
+    """A dispatch policy as a `cluster.control.routing.Router` (see module docstring)."""
 
     def __init__(
         self,

@@ -8,7 +8,10 @@ A policy spec is one of:
 Keyword parameters go to the class's constructor. A class is validated for its family's
 hooks when it is loaded (retention: `on_turn_complete`, `on_turn_arrival`; scheduling:
 `priority`; dispatch: `select`), and the hooks' arity is checked: `on_turn_complete` may
-take `(pcb, now)` (App. E) or `(pcb, request_id, now)` (the App. F listings).
+take `(pcb, now)` (App. E) or `(pcb, request_id, now)` (the App. F listings). Every bound
+hook is guarded (`guard.GuardedHook`): a failure inside it is a `PolicyError` naming the
+policy, the hook and the simulated time, and a call longer than `hook_budget_s` wall
+seconds is stopped and fails the run.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any, Literal, NamedTuple
 from cluster.core import ConfigError, Registry
 from cluster.policies.dispatch import DISPATCH_POLICIES, DispatchPolicy
 from cluster.policies.errors import PolicyError
+from cluster.policies.guard import DEFAULT_HOOK_BUDGET_S, GuardedHook, check_budget
 from cluster.policies.retention import RETENTION_POLICIES, RetentionPolicy
 from cluster.policies.scheduling import SCHEDULING_POLICIES, SchedulingPolicy
 
@@ -55,15 +59,26 @@ class LoadedPolicy(NamedTuple):
     uses_signals: bool
 
 
-def load_policy(family: Family, spec: Any, params: dict[str, Any] | None = None) -> LoadedPolicy:
-    """Resolve `spec` (see module docstring) into a validated policy of `family`."""
+def load_policy(
+    family: Family,
+    spec: Any,
+    params: dict[str, Any] | None = None,
+    *,
+    hook_budget_s: float | None = DEFAULT_HOOK_BUDGET_S,
+) -> LoadedPolicy:
+    """Resolve `spec` (see module docstring) into a validated policy of `family`.
+
+    `hook_budget_s`: wall seconds one hook call may run before it is stopped and the run
+    fails with a `PolicyError` (None: no limit; failures are still named).
+    """
     if family not in HOOKS:
         raise ConfigError(f"unknown policy family {family!r}; choose one of: {', '.join(HOOKS)}")
+    budget = check_budget(hook_budget_s)
     params = dict(params or {})
     registry = REGISTRIES[family]
     if isinstance(spec, str) and spec in registry:
         try:
-            return _bind(family, registry.create(spec, **params), spec)
+            return _bind(family, registry.create(spec, **params), spec, budget)
         except TypeError as exc:
             raise ConfigError(f"{family} policy {spec!r}: bad parameters {params}: {exc}") from None
     if isinstance(spec, str):
@@ -80,6 +95,12 @@ def load_policy(family: Family, spec: Any, params: dict[str, Any] | None = None)
             raise ConfigError(
                 f"{family} policy {label!r}: bad parameters {params}: {exc}"
             ) from None
+        except ConfigError:
+            raise
+        except (Exception, SystemExit) as exc:
+            raise PolicyError(
+                f"{family} policy {label!r}: its constructor failed: {type(exc).__name__}: {exc}"
+            ) from exc
     else:
         if params:
             raise ConfigError(
@@ -87,10 +108,10 @@ def load_policy(family: Family, spec: Any, params: dict[str, Any] | None = None)
             )
         instance = obj
         check_hooks(family, type(instance), label)
-    return _bind(family, instance, label)
+    return _bind(family, instance, label, budget)
 
 
-def _bind(family: str, instance: Any, label: str) -> LoadedPolicy:
+def _bind(family: str, instance: Any, label: str, budget_s: float | None) -> LoadedPolicy:
     name = str(getattr(instance, "name", None) or type(instance).__name__)
     if name in ("custom",):
         name = type(instance).__name__
@@ -101,7 +122,10 @@ def _bind(family: str, instance: Any, label: str) -> LoadedPolicy:
             f"{family} policy {label!r} must allow the attribute 'signals' (the plane sets the "
             "system signals there before each hook); subclass the base class or drop __slots__"
         ) from None
-    hooks = {h: _adapt(family, h, getattr(instance, h), label) for h in HOOKS[family]}
+    hooks: dict[str, Callable[..., Any]] = {
+        h: GuardedHook(_adapt(family, h, getattr(instance, h), label), family, name, h, budget_s)
+        for h in HOOKS[family]
+    }
     return LoadedPolicy(
         family, name, instance, hooks, bool(getattr(instance, "uses_signals", True))
     )
@@ -192,7 +216,7 @@ def _load_file(family: str, path_str: str) -> ModuleType:
     sys.modules[mod_name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         del sys.modules[mod_name]
         raise ConfigError(f"{family} policy file {path_str!r} failed to import: {exc!r}") from exc
     return module

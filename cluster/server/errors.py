@@ -26,3 +26,9 @@ class InvalidRequestError(ApiError):
 
 class UnavailableError(ApiError):
     status = 503
+
+
+def clip(text: str, max_chars: int = 80) -> str:
+    """`text` cut to `max_chars` characters (an ellipsis marks the cut): input quoted back in
+    a message stays short whatever a client sent."""
+    return text if len(text) <= max_chars else text[: max_chars - 1] + "…"

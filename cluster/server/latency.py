@@ -1,7 +1,9 @@
-"""Rolling request latency of the live cluster: TTFT and E2E over recent simulated time.
+"""Rolling request latency and the timeline of a live cluster (SPEC §5 metrics, §6).
 
-The dashboard's latency plot and the Prometheus quantiles (SPEC §5 metrics: TTFT, E2E) come
-from here; the JSON form of a planner evaluation (paper 000 Eq. 6 candidates) too.
+`RollingLatency` keeps TTFT and E2E of the requests finished in the last `window_s` seconds
+of the cluster's clock (the dashboard's latency plot, the Prometheus quantiles); engines
+hand it each completed request (`ClusterEngines.set_request_listener`). `Timeline` keeps
+one sample of split, latency and queue per sampling period for the dashboard's plots.
 """
 
 from __future__ import annotations
@@ -12,7 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from cluster.sim.engine import SimRequest
+from cluster.control.engines import CompletedRequest
+
+TIMELINE_COLUMNS = (
+    "t", "prefill", "decode", "ttft_p50_s", "ttft_p95_s", "e2e_p50_s", "throughput_rps", "queued",
+)  # fmt: skip
 
 
 def num(v: float | None) -> float | None:
@@ -20,45 +26,34 @@ def num(v: float | None) -> float | None:
     return None if v is None or not math.isfinite(v) else float(v)
 
 
-class LatencyTracker:
-    """Rolling TTFT / E2E of requests finished in the last `window_s` simulated seconds.
+def nan(v: float | None) -> float:
+    """A timeline cell: NaN stands for 'no value'."""
+    return math.nan if v is None else float(v)
 
-    Follows `sim.requests` (append-only) with a cursor and keeps only the requests in flight,
-    so an update costs O(in flight), not O(all requests).
-    """
+
+class RollingLatency:
+    """TTFT / E2E of the requests finished in the last `window_s` seconds (cluster clock)."""
 
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
-        self._cursor = 0
-        self._open: list[SimRequest] = []
         self._done: deque[tuple[float, float, float]] = deque()  # (t_done, ttft, e2e)
         self.completed = 0
 
-    def update(self, requests: list[SimRequest], now: float) -> None:
-        if self._cursor < len(requests):
-            self._open.extend(requests[self._cursor :])
-            self._cursor = len(requests)
-        still: list[SimRequest] = []
-        finished: list[tuple[float, float, float]] = []
-        for r in self._open:
-            if r.t_done is None:
-                still.append(r)
-                continue
-            ttft = (r.t_first_token if r.t_first_token is not None else r.t_done) - r.t_arrival
-            finished.append((r.t_done, ttft, r.t_done - r.t_arrival))
-        self._open = still
-        self.completed += len(finished)
-        self._done.extend(sorted(finished))
+    def add(self, r: CompletedRequest) -> None:
+        """One finished request; a request without a first token counts TTFT = E2E."""
+        first = r.t_first_token if r.t_first_token is not None else r.t_done
+        self._done.append((r.t_done, first - r.t_arrival, r.t_done - r.t_arrival))
+        self.completed += 1
+
+    def stats(self, now: float, in_flight: int) -> dict[str, Any]:
         while self._done and self._done[0][0] < now - self.window_s:
             self._done.popleft()
-
-    def stats(self, now: float) -> dict[str, Any]:
         rows = np.array(self._done, dtype=np.float64).reshape(-1, 3)
         span = min(self.window_s, now) if now > 0 else self.window_s
         out: dict[str, Any] = {
             "window_s": self.window_s,
             "requests": int(rows.shape[0]),
-            "in_flight": len(self._open),
+            "in_flight": in_flight,
             "throughput_rps": num(rows.shape[0] / span) if span > 0 else None,
         }
         for name, col in (("ttft", 1), ("e2e", 2)):
@@ -69,22 +64,28 @@ class LatencyTracker:
         return out
 
 
-def decision_json(d: Any) -> dict[str, Any]:
-    return {
-        "t": d.t,
-        "current_prefill": d.current_prefill,
-        "chosen_prefill": d.chosen_prefill,
-        "mode": d.mode,
-        "reason": d.reason,
-        "switches": [{"node": s.node_id, "to_phase": s.to_phase} for s in d.switches],
-        "candidates": [
-            {
-                "prefill_count": c.prefill_count,
-                "mean_gain": num(c.mean_gain),
-                "std_gain": num(c.std_gain),
-                "slices": c.slices,
-                "qualified": bool(c.qualified),
-            }
-            for c in d.candidates
-        ],
-    }
+class Timeline:
+    """The last `max_samples` samples of `TIMELINE_COLUMNS` (NaN: no value)."""
+
+    def __init__(self, max_samples: int) -> None:
+        self.rows: deque[tuple[float, ...]] = deque(maxlen=max_samples)
+
+    def sample(
+        self, t: float, split: tuple[int, int], latency: dict[str, Any], queued: int
+    ) -> None:
+        self.rows.append(
+            (
+                t,
+                split[0],
+                split[1],
+                nan(latency["ttft_p50_s"]),
+                nan(latency["ttft_p95_s"]),
+                nan(latency["e2e_p50_s"]),
+                nan(latency["throughput_rps"]),
+                queued,
+            )
+        )
+
+    def columns(self, since: float = 0.0) -> dict[str, list[float | None]]:
+        rows = [r for r in self.rows if r[0] >= since]
+        return {c: [num(r[i]) for r in rows] for i, c in enumerate(TIMELINE_COLUMNS)}

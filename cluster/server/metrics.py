@@ -1,4 +1,4 @@
-"""Prometheus exposition of the live cluster (SPEC §6 `GET /metrics`).
+"""Prometheus exposition of a live cluster (SPEC §6 `GET /metrics`).
 
 One `CollectorRegistry` per app (no global state, so several servers can live in one
 process, as in tests). The collector reads one consistent snapshot of the cluster under the
@@ -17,17 +17,17 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from cluster.server.live import LiveCluster
+    from cluster.server.service import ControlService
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class LiveCollector(Collector):
-    def __init__(self, live: LiveCluster) -> None:
-        self.live = live
+    def __init__(self, service: ControlService) -> None:
+        self.service = service
 
     def collect(self) -> Iterator[Metric]:
-        snap = self.live.metrics_snapshot()
+        snap = self.service.metrics_snapshot()
         if snap is None:
             return
         yield GaugeMetricFamily("pdlab_sim_time_seconds", "Simulated time of the run", snap["time"])
@@ -81,9 +81,9 @@ class LiveCollector(Collector):
         )
 
 
-def make_registry(live: LiveCluster) -> CollectorRegistry:
+def make_registry(service: ControlService) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(LiveCollector(live))
+    registry.register(LiveCollector(service))
     return registry
 
 

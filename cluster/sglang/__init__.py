@@ -1,46 +1,10 @@
-"""Live SGLang (and vLLM) engines (SPEC §6): wire formats, ZMQ collectors, the SGLang stand-in.
+"""SGLang (and vLLM) engines under pdlab (SPEC §6), in two parts.
 
-Nothing here imports sglang: the wire formats are re-declared from SGLang 0.5.23's and vLLM's
-sources (`wire`, `fpm`), and `standin` is a protocol-faithful fake SGLang server that runs on
-CPU so the live-cluster code can be tested without GPUs. The live cluster itself
-(`backend.SGLangCluster`, the PD proxy, phase switches, `serving.create_sglang_app`) is
-imported from its modules: it pulls in the control server.
+- `cluster.sglang.wire`: SGLang's wire formats re-declared from its sources (KV events,
+  forward-pass metrics, HTTP payloads), the ZMQ publisher/subscriber and the collectors that
+  write those streams to DuckDB. Nothing there imports sglang, the control plane or a server.
+- `cluster.sglang.live`: the live adapter: a PD cluster of SGLang-speaking engines under the
+  control plane (engine discovery, the data-plane proxy, role switches, online refits).
+
+The protocol-faithful stand-in engine used by tests and demos is `cluster.engines.standin`.
 """
-
-from cluster.sglang.cluster_file import (
-    ClusterConfig,
-    ClusterSettings,
-    EngineSpec,
-    discover_engine,
-    load_cluster_config,
-    load_cluster_file,
-)
-from cluster.sglang.forward_metrics import ForwardMetricsCollector
-from cluster.sglang.fpm import ForwardPassMetrics, decode_fpm, encode_fpm, estimate_attn_pairs
-from cluster.sglang.kv_collector import KVEventCollector
-from cluster.sglang.publisher import ZmqBatchPublisher
-from cluster.sglang.subscriber import SequencedSubscriber, StreamStats
-from cluster.sglang.wire import BatchDecoder, WireError, encode_batch, kv_event_rows, to_int64
-
-__all__ = [
-    "BatchDecoder",
-    "ClusterConfig",
-    "ClusterSettings",
-    "EngineSpec",
-    "ForwardMetricsCollector",
-    "ForwardPassMetrics",
-    "KVEventCollector",
-    "SequencedSubscriber",
-    "StreamStats",
-    "WireError",
-    "ZmqBatchPublisher",
-    "decode_fpm",
-    "discover_engine",
-    "encode_batch",
-    "encode_fpm",
-    "estimate_attn_pairs",
-    "kv_event_rows",
-    "load_cluster_config",
-    "load_cluster_file",
-    "to_int64",
-]

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cluster.core import ConfigError
-from cluster.eviction import EVICTION_POLICIES
-from cluster.sim.profiles import HardwareProfile
+from cluster.hardware.engine import GIB, EngineSettings
+from cluster.hardware.profiles import HardwareProfile
+from cluster.kv.eviction import EVICTION_POLICIES
+from cluster.policies.guard import DEFAULT_HOOK_BUDGET_S
+
+# Alg. E.3's T_learn when not given: paper 000's node models converge within a minute of
+# learning (Fig. 8a), so a few minutes suffice and the split adapts before scoring starts.
+DEFAULT_LEARN_S = 300.0
 
 
 class PolicyRef(str):
@@ -65,8 +71,8 @@ class SimConfig:
     duration_s: float = 3600.0
     warmup_s: float = 600.0
     # Alg. E.3's T_learn: collocated serving and the model fit before disaggregation starts
-    # (gain planner; other planners fit then). None: the whole warmup. A shorter T_learn lets
-    # the planner's first window and decision fall inside the warmup, as in paper 000's runs.
+    # (gain planner; other planners fit then). None: min(DEFAULT_LEARN_S, warmup), so the
+    # planner's first windows and decisions fall inside the warmup, as in paper 000's runs.
     learn_s: float | None = None
     planner: str = "gain"
     router: str = "ttft"
@@ -95,6 +101,27 @@ class SimConfig:
     dispatch_params: dict[str, Any] = field(default_factory=dict)
     host_kv: bool = True  # False: one GPU KV pool per node, no host tier (collocated only)
     max_programs: int | None = None  # stop admitting new programs after this many
+    # A trace with arrival times replays each program once at its time (agents and
+    # arrival_rate_per_min do not apply) and the run ends when its last program finishes.
+    # True: the closed (agents) or open (arrival rate) loop cycles the trace's programs,
+    # ignoring their times. A trace without times feeds the closed loop once unless True.
+    trace_cycle: bool = False
+    # Wall seconds one policy hook call may run before the run fails (None: no limit);
+    # passed to `load_policy(..., hook_budget_s=...)` (cluster.policies.guard).
+    hook_budget_s: float | None = DEFAULT_HOOK_BUDGET_S
+    # Engine limits of every node (vLLM's names), all off by default (`engine_limits`):
+    # running decodes per node (and sequences per prefill iteration), the per-iteration
+    # token budget (prefill chunks; a collocated node's running decodes take theirs first),
+    # and KV capacity from GPU memory (instead of l1_tokens; needs a profile with a model).
+    # With any of them set, decode KV grows as tokens are generated and a node that runs
+    # out preempts its newest running decode (recompute), as vLLM does.
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    gpu_memory_gib: float | None = None
+    gpu_memory_utilization: float | None = None
+    # The router prices prefill with each node's fitted form (the profile's extra terms:
+    # ControlPlaneConfig.prefill_forms) instead of Eq. 3 alone.
+    prefill_forms: bool = False
 
     def __post_init__(self) -> None:
         for family in ("retention", "scheduling", "dispatch"):
@@ -102,7 +129,22 @@ class SimConfig:
             if spec is not None and not isinstance(spec, str):
                 object.__setattr__(self, family, PolicyRef(family, spec))
 
+    @property
+    def learn_period_s(self) -> float:
+        """T_learn in simulated seconds: `learn_s`, else min(DEFAULT_LEARN_S, warmup)."""
+        return min(DEFAULT_LEARN_S, self.warmup_s) if self.learn_s is None else self.learn_s
+
+    @property
+    def engine_limits(self) -> bool:
+        """Some engine limit is set (module fields above): vLLM-like nodes."""
+        return (
+            self.max_num_seqs is not None
+            or self.max_num_batched_tokens is not None
+            or self.gpu_memory_gib is not None
+        )
+
     def validate(self) -> None:
+        self._validate_engine_limits()
         if self.nodes < 1 or (self.nodes < 2 and self.split != "collocated"):
             raise ConfigError(
                 f"--nodes must be >= 2 (>= 1 with --split collocated), got {self.nodes}"
@@ -114,6 +156,10 @@ class SimConfig:
             )
         if self.max_programs is not None and self.max_programs < 1:
             raise ConfigError(f"max_programs must be >= 1, got {self.max_programs}")
+        if self.hook_budget_s is not None and not self.hook_budget_s > 0:
+            raise ConfigError(
+                f"hook_budget_s must be > 0 seconds or None, got {self.hook_budget_s}"
+            )
         if self.scheduling is None:
             raise ConfigError("scheduling must name a policy (default 'fcfs')")
         if (self.agents is None) == (self.arrival_rate_per_min is None):
@@ -139,6 +185,66 @@ class SimConfig:
             raise ConfigError(
                 f"unknown eviction {self.eviction!r}; choose one of: {', '.join(EVICTION_POLICIES.names())}"
             )
+
+    def _validate_engine_limits(self) -> None:
+        for flag, v in (
+            ("--max-num-seqs", self.max_num_seqs),
+            ("--max-num-batched-tokens", self.max_num_batched_tokens),
+        ):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ConfigError(f"{flag} must be an integer >= 1, got {v!r}")
+        gib, util = self.gpu_memory_gib, self.gpu_memory_utilization
+        if gib is not None and not gib > 0:
+            raise ConfigError(f"--gpu-memory-gib must be > 0, got {gib}")
+        if util is not None and not 0.0 < util <= 1.0:
+            raise ConfigError(f"--gpu-memory-utilization must be in (0, 1], got {util}")
+        if util is not None and gib is None:
+            raise ConfigError("--gpu-memory-utilization needs --gpu-memory-gib")
+        if gib is not None and self.l1_tokens is not None:
+            raise ConfigError(
+                "give one of --gpu-memory-gib (KV capacity from GPU memory) or --l1-tokens"
+            )
+        if gib is not None and not self.host_kv:
+            raise ConfigError(
+                "--gpu-memory-gib sizes the tiered nodes' GPU KV; with --no-host-kv give "
+                "--l1-tokens"
+            )
+
+
+def engine_profile(cfg: SimConfig, profile: HardwareProfile) -> tuple[HardwareProfile, str]:
+    """The profile with the config's engine limits applied, and where its GPU KV capacity
+    comes from: `max_num_seqs` caps the decode batch, `max_num_batched_tokens` is the
+    prefill chunk budget, and `gpu_memory_gib` sizes the GPU KV per node as
+    `cluster.hardware.engine.EngineSettings.kv_capacity` does (weights and KV bytes per
+    token from the profile's model; host KV then 4x GPU unless `l2_tokens` is given).
+    Without limits the profile is returned unchanged."""
+    if not cfg.engine_limits:
+        return profile, "profile"
+    changes: dict[str, Any] = {}
+    if cfg.max_num_seqs is not None:
+        changes["max_decode_batch"] = cfg.max_num_seqs
+    if cfg.max_num_batched_tokens is not None:
+        changes["chunk_tokens"] = cfg.max_num_batched_tokens
+    source = "l1_tokens" if cfg.l1_tokens is not None else "profile"
+    if cfg.gpu_memory_gib is not None:
+        shape = profile.model_shape
+        if shape is None:
+            raise ConfigError(
+                f"--gpu-memory-gib needs a profile with a model (weights and KV bytes per "
+                f"token): import one with `pdlab profile import`; profile {profile.name} has "
+                f"none (or give --l1-tokens)"
+            )
+        engine = (profile.engine or EngineSettings()).with_overrides(
+            gpu_memory_bytes=int(cfg.gpu_memory_gib * GIB),
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            max_num_seqs=cfg.max_num_seqs,
+            max_num_batched_tokens=cfg.max_num_batched_tokens or profile.chunk_tokens,
+        )
+        kv = engine.kv_capacity(shape, reserve_bytes=engine.non_kv_reserve_bytes(shape))
+        changes["l1_tokens"] = kv.tokens
+        changes["l2_tokens"] = cfg.l2_tokens or 4 * kv.tokens
+        source = "GPU memory"
+    return replace(profile, **changes), source
 
 
 def _spec(spec: Any) -> Any:

@@ -2,7 +2,7 @@
 
 A global router binds each user (program) to one of P partitions; each partition has its own
 router, planner and KV directory and serves its own agents, so partitions simulate
-independently. Each runs in its own process (or on a Ray cluster) and writes its telemetry
+independently. Each runs in its own process (or as a Ray task, `ray_runtime`) and writes its telemetry
 to the same DuckDB file as run `<run_id>-p<k>` (the telemetry writer holds the file only for
 short transactions, so concurrent writers of different runs coexist). Node ids are global:
 partition k owns nodes [k*n, (k+1)*n).
@@ -20,7 +20,11 @@ from typing import Any
 import numpy as np
 
 from cluster.core import ConfigError, tune_gc
+from cluster.sim.ray_runtime import run_tasks
 from cluster.sim.simulator import SimConfig, Simulator, parse_split
+from cluster.workloads import trace_last_arrival_s
+
+BACKENDS = ("local", "ray")
 
 
 def partition_configs(cfg: SimConfig, partitions: int) -> list[SimConfig]:
@@ -30,6 +34,14 @@ def partition_configs(cfg: SimConfig, partitions: int) -> list[SimConfig]:
     if cfg.nodes % partitions:
         raise ConfigError(f"--nodes {cfg.nodes} is not divisible into {partitions} partitions")
     n = cfg.nodes // partitions
+    if partitions > 1 and not cfg.trace_cycle:
+        end = trace_last_arrival_s(cfg.workload, **cfg.workload_params)
+        if end is not None:
+            raise ConfigError(
+                "a trace replayed at its arrival times is not split across partitions (each "
+                "would replay all of it); use --partitions 1, or --cycle to have the agents "
+                "cycle the trace"
+            )
     split = parse_split(cfg.split, cfg.nodes)
     if split is None:
         part_split = "collocated"
@@ -100,38 +112,38 @@ def simulate_partitioned(
     processes: int | None = None,
     backend: str = "local",
     on_done: Callable[[dict[str, Any]], None] | None = None,
+    ray_address: str | None = None,
 ) -> dict[str, Any]:
-    """Simulate `cfg` as `partitions` independent partitions; returns a cluster-wide summary."""
+    """Simulate `cfg` as `partitions` independent partitions; returns a cluster-wide summary.
+
+    `backend` "local" runs them on `processes` local processes (default: one per partition,
+    at most the CPU count); "ray" runs them as Ray tasks on the cluster at `ray_address`, or
+    on a local Ray runtime of `processes` CPUs started for the run. Both give the same
+    results and telemetry rows."""
     from telemetry.writer import new_run_id
 
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     configs = partition_configs(cfg, partitions)
     rid = (run_id or new_run_id()) if db_path is not None else None
     jobs = [(c, k, None if db_path is None else str(db_path), rid) for k, c in enumerate(configs)]
     results: list[dict[str, Any]] = []
     start = time.perf_counter()
+    workers = processes or min(len(jobs), os.cpu_count() or 1)
     if backend == "ray":
-        import ray
-
-        if not ray.is_initialized():
-            ray.init(ignore_reinit_error=True, include_dashboard=False, log_to_driver=False)
-        remote = ray.remote(_run_partition)
-        results = ray.get([remote.remote(j) for j in jobs])
-    elif backend == "local":
-        workers = processes or min(len(jobs), os.cpu_count() or 1)
-        if workers <= 1:
-            for j in jobs:
-                results.append(_run_partition(j))
+        results = run_tasks(_run_partition, jobs, ray_address, workers, on_done)
+    elif workers <= 1:
+        for j in jobs:
+            results.append(_run_partition(j))
+            if on_done is not None:
+                on_done(results[-1])
+    else:
+        with ProcessPoolExecutor(workers) as ex:
+            for fut in as_completed([ex.submit(_run_partition, j) for j in jobs]):
+                results.append(fut.result())
                 if on_done is not None:
                     on_done(results[-1])
-        else:
-            with ProcessPoolExecutor(workers) as ex:
-                for fut in as_completed([ex.submit(_run_partition, j) for j in jobs]):
-                    results.append(fut.result())
-                    if on_done is not None:
-                        on_done(results[-1])
-        results.sort(key=lambda r: r["partition"])
-    else:
-        raise ConfigError(f"backend must be local or ray, got {backend!r}")
+    results.sort(key=lambda r: r["partition"])
     return merge_summaries(results, cfg, rid, time.perf_counter() - start)
 
 

@@ -1,18 +1,27 @@
 """Run a simulation with its telemetry written to DuckDB (the embedded default, SPEC §5, §7).
 
-`simulate()` opens a `TelemetryWriter` for the run (source 'sim'), registers the nodes with
-the profile's hardware and MoE shape, runs the simulator, closes the writer (consolidating
-the run into the database) and returns the summary with the run id.
+`simulate()` builds the simulator first (configuration, profile, policies and trace are
+checked there), then opens a `TelemetryWriter` for the run (source 'sim'), registers the
+nodes with the profile's hardware and MoE shape, runs the simulator and closes the writer
+(consolidating the run into the database); it returns the summary with the run id.
+
+A setup error therefore never creates a run. An exception mid-run ends the run as failed
+(`TelemetryWriter.abort`): the rows simulated until then are flushed and kept, marked with
+the error, or the run is removed when nothing but its registration was written. A killed
+process leaves its live segments (at most the last few wall seconds of rows missing) for
+`pdlab recover`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from cluster.sim.profiles import HardwareProfile
+from cluster.core import TelemetrySink
+from cluster.hardware.profiles import HardwareProfile
 from cluster.sim.simulator import SimConfig, Simulator
 
 
@@ -37,6 +46,26 @@ def register_nodes(writer: Any, sim: Simulator) -> None:
     )
 
 
+class _LateSink:
+    """The simulator's sink before the run exists: rows wait until the writer is attached."""
+
+    def __init__(self) -> None:
+        self.target: TelemetrySink | None = None
+        self._early: list[tuple[str, Mapping[str, Sequence[Any]]]] = []
+
+    def attach(self, target: TelemetrySink) -> None:
+        self.target = target
+        early, self._early = self._early, []
+        for table, columns in early:
+            target.emit(table, columns)
+
+    def emit(self, table: str, columns: Mapping[str, Sequence[Any]]) -> None:
+        if self.target is None:
+            self._early.append((table, columns))
+        else:
+            self.target.emit(table, columns)
+
+
 def simulate(
     cfg: SimConfig,
     db_path: str | os.PathLike[str] | None = None,
@@ -51,10 +80,21 @@ def simulate(
         return summary
     from telemetry import TelemetryWriter
 
-    with TelemetryWriter(db_path, run_id=run_id, source="sim", config=config_dict(cfg)) as writer:
-        sim = Simulator(cfg, sink=writer, progress=progress)
+    late = _LateSink()
+    sim = Simulator(cfg, sink=late, progress=progress)
+    writer = TelemetryWriter(db_path, run_id=run_id, source="sim", config=config_dict(cfg))
+    try:
         sim.run_id = writer.run_id
         register_nodes(writer, sim)
+        late.attach(writer)
         summary = sim.run()
+    except BaseException as exc:
+        # Keep what was simulated up to the failure; a row the writer rejects (the failure
+        # itself, perhaps) must not hide `exc`.
+        with contextlib.suppress(Exception):
+            sim.out.flush()
+        writer.abort(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+        raise
+    writer.close()
     summary["run_id"] = writer.run_id
     return summary

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from cluster.sim.profiles import HardwareProfile
+from cluster.hardware.profiles import HardwareProfile
 from models import DecodeModel, NodeModel, PrefillModel
 from models.fitting import (
     DECODE_TERMS,
@@ -84,3 +84,39 @@ def fit_node_models(
         )
         models[n] = NodeModel(p, d, mean_new_tokens=float(profile.chunk_tokens))
     return models, report
+
+
+class WarmupFit:
+    """The iteration logs of the warmup, kept in memory until the fit (then no longer).
+
+    `record_prefill` / `record_decode` are the engine's iteration signals; `fit()` fits and
+    freezes the models (once `warm`, nothing more is logged) and keeps the `report`."""
+
+    def __init__(self, profile: HardwareProfile, node_ids: Sequence[int], warm: bool) -> None:
+        self.profile = profile
+        self.node_ids = list(node_ids)
+        self.warm = warm
+        self.prefill_rows: dict[int, list[tuple[float, float, float, float]]] = {
+            n: [] for n in node_ids
+        }
+        self.decode_rows: dict[int, list[np.ndarray]] = {n: [] for n in node_ids}
+        self.report: dict[str, Any] = {}
+
+    def record_prefill(
+        self, node_id: int, sum_uc: float, sum_a: float, sum_rst: float, duration_s: float
+    ) -> None:
+        if not self.warm:
+            self.prefill_rows[node_id].append((sum_uc, sum_a, sum_rst, duration_s))
+
+    def record_decode(self, node_id: int, batch_size: int, durations_s: np.ndarray) -> None:
+        if not self.warm:
+            n = len(durations_s)
+            self.decode_rows[node_id].append(np.column_stack([np.full(n, batch_size), durations_s]))
+
+    def fit(self) -> dict[int, NodeModel]:
+        """Fit each node's models on the warmup's iterations; logging stops."""
+        models, self.report = fit_node_models(
+            self.profile, self.prefill_rows, self.decode_rows, self.node_ids
+        )
+        self.warm = True
+        return models

@@ -8,10 +8,12 @@ and the shifting composition). `make_workload(spec)` is the single entry point:
     src = make_workload("traces/mooncake_fast25_conversation_trace.jsonl")  # trace replay
     prog = src.next_program(now)                             # closed / open loop
     progs = src.trace_programs()                             # open-loop trace replay, or None
+    trace_last_arrival_s("traces/...jsonl")                  # when its last program arrives
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -90,6 +92,22 @@ def make_workload(
     )
 
 
+def trace_last_arrival_s(spec: str | os.PathLike[str], **params: Any) -> float | None:
+    """The last arrival time (s) of a trace with arrival times, else None (generators,
+    traces without times). Reads the trace once per file version and parameters."""
+    name = os.fspath(spec)
+    if name in WORKLOADS or not _looks_like_path(name):
+        return None
+    path = resolve_trace_path(name)
+    return _last_arrival(path, path.stat().st_mtime_ns, params_from(TraceParams, "trace", params))
+
+
+@functools.lru_cache(maxsize=16)
+def _last_arrival(path: Path, mtime_ns: int, params: TraceParams) -> float | None:
+    times = [p.arrival_s for p in TraceSource(path, params).programs if p.arrival_s is not None]
+    return max(times) if times else None
+
+
 def _looks_like_path(name: str) -> bool:
     return os.sep in name or "/" in name or Path(name).suffix != "" or Path(name).exists()
 
@@ -118,4 +136,5 @@ __all__ = [
     "Turn",
     "WorkloadSource",
     "make_workload",
+    "trace_last_arrival_s",
 ]

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster.core import ConfigError
+from cluster.workloads import trace_fields as fields
 from cluster.workloads.builder import ProgramBuilder
 from cluster.workloads.program import Program, Segment, SegmentIds
 
@@ -42,7 +43,9 @@ def estimate_tokens(msg: dict[str, Any]) -> int:
     return max(1, math.ceil(len(text) / CHARS_PER_TOKEN))
 
 
-def read_continuum(path: Path, ids: SegmentIds, limit: int = 0) -> list[Program]:
+def read_continuum(
+    path: Path, ids: SegmentIds, limit: int = 0, max_tokens: int = fields.MAX_REQUEST_TOKENS
+) -> list[Program]:
     try:
         trajectories = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
@@ -56,24 +59,49 @@ def read_continuum(path: Path, ids: SegmentIds, limit: int = 0) -> list[Program]
             break
         msgs = traj.get("messages") if isinstance(traj, dict) else None
         if isinstance(msgs, str):
-            msgs = json.loads(msgs)
+            try:
+                msgs = json.loads(msgs)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(
+                    f"{path}: trajectory {k}: messages: not valid JSON ({exc.msg})"
+                ) from None
         if not isinstance(msgs, list):
             raise ConfigError(f"{path}: trajectory {k} has no 'messages' list")
+        assert isinstance(traj, dict)
         pid = str(traj.get("traj_id") or traj.get("instance_id") or f"continuum-{k:06d}")
-        programs.append(_program(path, pid, msgs, ids, systems))
+        programs.append(
+            _program(f"{path}: trajectory {k} ({pid})", pid, msgs, ids, systems, max_tokens)
+        )
     return programs
 
 
 def _program(
-    path: Path, pid: str, msgs: list[Any], ids: SegmentIds, systems: dict[str, int]
+    where: str,
+    pid: str,
+    msgs: list[Any],
+    ids: SegmentIds,
+    systems: dict[str, int],
+    max_tokens: int,
 ) -> Program:
     b = ProgramBuilder(pid, "continuum", ids)
     pending: list[Segment] = []
     gap_s, tool = 0.0, None
-    for msg in msgs:
+    for m, msg in enumerate(msgs):
+        at = f"{where}, message {m}"
         if not isinstance(msg, dict) or "role" not in msg:
-            raise ConfigError(f"{path}: {pid}: message without a role: {str(msg)[:80]}")
-        tokens = estimate_tokens(msg)
+            raise ConfigError(f"{at}: role: missing in {str(msg)[:80]}")
+        calls = msg.get("tool_calls") or []
+        if not isinstance(calls, list) or not all(
+            isinstance(c, dict) and isinstance(c.get("function", {}), dict) for c in calls
+        ):
+            raise fields.bad(
+                at, "tool_calls", "malformed", "a list of {function: {...}, execution_time_seconds}"
+            )
+        try:
+            tokens = estimate_tokens(msg)
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise ConfigError(f"{at}: content: malformed ({exc})") from None
+        fields.tokens(at, "content (estimated tokens)", tokens, max_tokens)
         if msg["role"] != "assistant":
             if msg["role"] == "system":
                 text = str(msg.get("content", ""))
@@ -84,15 +112,18 @@ def _program(
             continue
         if not b.turns:
             if not pending:
-                raise ConfigError(f"{path}: {pid}: an assistant message comes before any prompt")
+                raise ConfigError(f"{where}: an assistant message comes before any prompt")
             b.start("root", pending, tokens)
         else:
             b.step("root", pending, tokens, gap_s=gap_s, tool=tool)
-        calls = msg.get("tool_calls") or []
-        gap_s = float(sum(float(c.get("execution_time_seconds", 0.0)) for c in calls))
+        gap_s = sum(
+            fields.number(at, "execution_time_seconds", c.get("execution_time_seconds", 0.0),
+                          nonnegative=True)
+            for c in calls
+        )  # fmt: skip
         tool = str(calls[0].get("function", {}).get("name", "tool")) if calls else "user"
         pending = []
     if not b.turns:
-        raise ConfigError(f"{path}: {pid}: no assistant turns")
+        raise ConfigError(f"{where}: no assistant turns")
     b.finish("root")
     return b.build()

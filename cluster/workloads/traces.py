@@ -25,6 +25,10 @@ Formats, sniffed from the file's extension and first record:
 - Continuum SWE-smith trajectories (`.json` list with full messages and tool timings): one
   program per trajectory, token counts estimated from characters (see `continuum.py`).
 
+Every record is validated before any program is built (`trace_fields`): finite times,
+non-negative offsets, integer token counts up to `max_tokens`, well-formed hash_ids; a bad
+record is a `ConfigError` reading `FILE:LINE: FIELD: what was wrong (allowed: ...)`.
+
 `next_program` hands out the trace's programs in order for closed-loop use; with `cycle=True`
 it starts over when they run out, giving repeated programs fresh ids for their private content
 (shared Mooncake blocks keep theirs, so repeats can hit blocks of earlier passes).
@@ -43,6 +47,7 @@ from pathlib import Path
 from typing import IO, Any, NamedTuple
 
 from cluster.core import ConfigError
+from cluster.workloads import trace_fields as fields
 from cluster.workloads.builder import ProgramBuilder
 from cluster.workloads.continuum import is_continuum, read_continuum
 from cluster.workloads.program import SHARED_SEGMENT_LIMIT, Program, Segment, SegmentIds
@@ -152,18 +157,6 @@ def _json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             yield n, rec
 
 
-def _field(path: Path, n: int, rec: dict[str, Any], key: str, kind: type) -> Any:
-    if key not in rec:
-        raise ConfigError(f"{path}:{n}: missing field {key!r}")
-    value = rec[key]
-    ok = isinstance(value, kind) and not isinstance(value, bool)
-    if kind is float:
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-    if not ok:
-        raise ConfigError(f"{path}:{n}: field {key!r} must be {kind.__name__}, got {value!r}")
-    return value
-
-
 @dataclass(frozen=True, slots=True)
 class TraceParams:
     """Parameters of a trace replay (each applies to the formats named)."""
@@ -173,6 +166,7 @@ class TraceParams:
     time_scale: float = 1.0  # mooncake, azure: arrival times are multiplied by this
     limit: int = 0  # read at most this many programs (0 = all)
     cycle: bool = True  # next_program starts over (fresh private ids) when the trace runs out
+    max_tokens: int = fields.MAX_REQUEST_TOKENS  # largest token count a record may hold
 
     def __post_init__(self) -> None:
         if self.run not in SWEAGENT_RUNS:
@@ -183,6 +177,7 @@ class TraceParams:
         check_positive("time_scale", self.time_scale)
         if self.limit < 0:
             raise ConfigError(f"parameter 'limit' must be >= 0, got {self.limit}")
+        check_positive("max_tokens", self.max_tokens)
 
 
 class TraceReport(NamedTuple):
@@ -276,17 +271,14 @@ class TraceSource:
     def _read_sweagent(self) -> tuple[list[Program], int, int, int]:
         run = self.params.run
         by_instance: dict[str, list[tuple[int, dict[str, Any]]]] = {}
-        for n, rec in _json_lines(self.path):
-            if _field(self.path, n, rec, "run", str) == run:
-                by_instance.setdefault(_field(self.path, n, rec, "instance", str), []).append(
-                    (n, rec)
-                )
+        for n, raw in _json_lines(self.path):
+            rec = self._sweagent_record(f"{self.path}:{n}", raw)
+            if rec["run"] == run:
+                by_instance.setdefault(rec["instance"], []).append((n, rec))
         self.recorded_concurrency = SWEAGENT_RUNS[run]
         self.recorded_turn_times = {}
         # Programs in the order the recorded run started them.
-        order = sorted(
-            by_instance, key=lambda i: min(float(r["llm_enter"]) for _, r in by_instance[i])
-        )
+        order = sorted(by_instance, key=lambda i: min(r["llm_enter"] for _, r in by_instance[i]))
         if self.params.limit:
             order = order[: self.params.limit]
         programs: list[Program] = []
@@ -297,11 +289,39 @@ class TraceSource:
             compactions += c
         return programs, compactions, 0, 0
 
+    def _sweagent_record(self, where: str, rec: dict[str, Any]) -> dict[str, Any]:
+        """The fields of one SWE-agent turn, validated."""
+        top = self.params.max_tokens
+        get = fields.require
+        return {
+            "run": fields.text(where, "run", get(where, rec, "run")),
+            "instance": fields.text(where, "instance", get(where, rec, "instance")),
+            "step": fields.tokens(where, "step", get(where, rec, "step"), 10**9),
+            "input_tokens": fields.tokens(
+                where, "input_tokens", get(where, rec, "input_tokens"), top, low=1
+            ),
+            "output_tokens": fields.tokens(
+                where, "output_tokens", get(where, rec, "output_tokens"), top
+            ),
+            "llm_enter": fields.number(
+                where, "llm_enter", get(where, rec, "llm_enter"), nonnegative=True
+            ),
+            "llm_exit": fields.number(
+                where, "llm_exit", get(where, rec, "llm_exit"), nonnegative=True
+            ),
+            "prefill_time_s": fields.optional_number(
+                where, "prefill_time_s", rec.get("prefill_time_s")
+            ),
+            "decode_time_s": fields.optional_number(
+                where, "decode_time_s", rec.get("decode_time_s")
+            ),
+        }
+
     def _sweagent_program(
         self, run: str, instance: str, rows: list[tuple[int, dict[str, Any]]]
     ) -> tuple[Program, int]:
         path = self.path
-        rows = sorted(rows, key=lambda nr: _field(path, nr[0], nr[1], "step", int))
+        rows = sorted(rows, key=lambda nr: int(nr[1]["step"]))
         steps = [r["step"] for _, r in rows]
         if len(set(steps)) != len(steps):
             raise ConfigError(f"{path}: {run}/{instance} repeats a step number")
@@ -310,16 +330,13 @@ class TraceSource:
         compactions = 0
         prev: dict[str, Any] | None = None
         first: Segment | None = None
-        for i, (n, rec) in enumerate(rows):
-            inp = _field(path, n, rec, "input_tokens", int)
-            out = _field(path, n, rec, "output_tokens", int)
-            if inp <= 0 or out < 0:
-                raise ConfigError(f"{path}:{n}: input_tokens must be > 0 and output_tokens >= 0")
+        for i, (_n, rec) in enumerate(rows):
+            inp, out = rec["input_tokens"], rec["output_tokens"]
             if prev is None:
                 first = b.seg(inp)
                 b.start("root", (first,), out)
             else:
-                gap_s = max(0.0, _field(path, n, rec, "llm_enter", float) - float(prev["llm_exit"]))
+                gap_s = max(0.0, rec["llm_enter"] - prev["llm_exit"])
                 grown = inp - (prev["input_tokens"] + prev["output_tokens"])
                 if grown >= 0:
                     append = (b.seg(grown),) if grown > 0 else ()
@@ -333,8 +350,8 @@ class TraceSource:
                     b.compact("root", keep, append, out, gap_s=gap_s, tool="bash")
                     compactions += 1
             self.recorded_turn_times[(pid, i)] = (  # type: ignore[index]
-                float(rec.get("prefill_time_s", math.nan)),
-                float(rec.get("decode_time_s", math.nan)),
+                rec["prefill_time_s"],
+                rec["decode_time_s"],
             )
             prev = rec
         b.finish("root")
@@ -345,24 +362,38 @@ class TraceSource:
         block_tokens: dict[int, int] = {}  # hash_id -> tokens of its first use
         programs: list[Program] = []
         fixes = skipped = 0
+        top = self.params.max_tokens
+        max_hash = SHARED_SEGMENT_LIMIT - TRACE_BLOCK_BASE - 1
         for n, rec in _json_lines(path):
             if self.params.limit and len(programs) >= self.params.limit:
                 break
-            ts = _field(path, n, rec, "timestamp", float)
-            inp = _field(path, n, rec, "input_length", int)
-            out = _field(path, n, rec, "output_length", int)
-            hashes = list(rec.get("hash_ids") or [])
+            where = f"{path}:{n}"
+            ts = fields.number(
+                where, "timestamp", fields.require(where, rec, "timestamp"),
+                nonnegative=True, unit="milliseconds",
+            )  # fmt: skip
+            inp = fields.tokens(
+                where, "input_length", fields.require(where, rec, "input_length"), top
+            )
+            out = fields.tokens(
+                where, "output_length", fields.require(where, rec, "output_length"), top
+            )
+            hashes = fields.hash_ids(where, rec.get("hash_ids"), max_hash)
+            arrival_s = ts / 1000.0 * self.params.time_scale
+            if not math.isfinite(arrival_s):
+                raise fields.bad(
+                    where, "timestamp", f"{ts:g} ms times time_scale is not finite",
+                    "a finite arrival time",
+                )  # fmt: skip
             if inp <= 0:
                 skipped += 1
                 continue
-            if out < 0:
-                raise ConfigError(f"{path}:{n}: output_length must be >= 0, got {out}")
             b = ProgramBuilder(f"mooncake-{len(programs):06d}", "mooncake", self.ids)
             segs, fixed = self._blocks(n, hashes, inp, bt, block_tokens, b)
             fixes += fixed
             b.start("root", segs, out)
             b.finish("root")
-            programs.append(b.build(arrival_s=ts / 1000.0 * self.params.time_scale))
+            programs.append(b.build(arrival_s=arrival_s))
         return programs, 0, fixes, skipped
 
     def _blocks(
@@ -376,8 +407,6 @@ class TraceSource:
     ) -> tuple[list[Segment], int]:
         """Segments of one Mooncake request: shared 512-token blocks, repaired if inconsistent."""
         fixed = 0
-        if any(not isinstance(h, int) or isinstance(h, bool) or h < 0 for h in hashes):
-            raise ConfigError(f"{self.path}:{n}: hash_ids must be non-negative integers")
         if hashes and bt * (len(hashes) - 1) >= inp:  # more blocks than tokens
             hashes = hashes[: math.ceil(inp / bt)]
             fixed = 1
@@ -387,12 +416,7 @@ class TraceSource:
             tokens = bt if j < len(hashes) - 1 else min(bt, inp - covered)
             if j == len(hashes) - 1 and h in block_tokens and block_tokens[h] <= inp - covered:
                 tokens = block_tokens[h]  # a known (partial) block; any excess stays private
-            seg_id = TRACE_BLOCK_BASE + h
-            if seg_id >= SHARED_SEGMENT_LIMIT:
-                raise ConfigError(
-                    f"{self.path}:{n}: hash_id {h} too large for the shared id range "
-                    f"(max {SHARED_SEGMENT_LIMIT - TRACE_BLOCK_BASE - 1})"
-                )
+            seg_id = TRACE_BLOCK_BASE + h  # < SHARED_SEGMENT_LIMIT (checked by hash_ids)
             if block_tokens.setdefault(h, tokens) != tokens:
                 # Same id, different length: not the same content; keep it private.
                 segs.append(b.seg(tokens))
@@ -413,17 +437,25 @@ class TraceSource:
             for n, row in enumerate(csv.DictReader(f), 2):
                 if self.params.limit and len(programs) >= self.params.limit:
                     break
-                try:
-                    arrived = float(row["arrived_at"])
-                    inp = int(float(row["num_prefill_tokens"]))
-                    out = int(float(row["num_decode_tokens"]))
-                except (KeyError, TypeError, ValueError) as exc:
-                    raise ConfigError(f"{path}:{n}: bad row {row} ({exc})") from None
+                where = f"{path}:{n}"
+                top = self.params.max_tokens
+                arrived = fields.number(
+                    where, "arrived_at", fields.csv_number(where, "arrived_at", row.get("arrived_at")),
+                    nonnegative=True,
+                )  # fmt: skip
+                inp = fields.tokens(
+                    where, "num_prefill_tokens",
+                    fields.csv_number(where, "num_prefill_tokens", row.get("num_prefill_tokens")),
+                    top,
+                )  # fmt: skip
+                out = fields.tokens(
+                    where, "num_decode_tokens",
+                    fields.csv_number(where, "num_decode_tokens", row.get("num_decode_tokens")),
+                    top,
+                )  # fmt: skip
                 if inp <= 0:
                     skipped += 1
                     continue
-                if out < 0:
-                    raise ConfigError(f"{path}:{n}: num_decode_tokens must be >= 0, got {out}")
                 b = ProgramBuilder(f"azure-{len(programs):06d}", "azure", self.ids)
                 b.start("root", (b.seg(inp),), out)
                 b.finish("root")
@@ -431,4 +463,5 @@ class TraceSource:
         return programs, 0, 0, skipped
 
     def _read_continuum(self) -> tuple[list[Program], int, int, int]:
-        return read_continuum(self.path, self.ids, self.params.limit), 0, 0, 0
+        programs = read_continuum(self.path, self.ids, self.params.limit, self.params.max_tokens)
+        return programs, 0, 0, 0

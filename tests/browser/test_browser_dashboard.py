@@ -1,12 +1,14 @@
 """Real browser: JupyterLab runs notebook 04, a click on a node's switch button switches it.
 
-`pdlab lab` starts `pdlab serve` (a simulated cluster paced at 20x, telemetry into a temp
-DuckDB) and JupyterLab on a temporary copy of `notebooks/`. Headless Chromium (Debian's
+`pdlab lab` starts `pdlab serve` (a simulated cluster paced at 20x, or three real torch
+engine processes serving cc agents; telemetry into a temp DuckDB) and JupyterLab on a
+temporary copy of `notebooks/`. Headless Chromium (Debian's
 /usr/bin/chromium driven by Playwright) opens notebook 04, runs all its cells (the notebook
 switches one node itself and reads the live run), waits for the dashboard and clicks the
 switch button of another node. The test then checks the switch through the REST API and in
 the `phase_switches` table (trigger 'manual'), and saves a screenshot of the dashboard to
-tests/browser/artifacts/dashboard.png (and to $PDLAB_ARTIFACTS when set).
+tests/browser/artifacts/dashboard-{sim,torch}.png (and to $PDLAB_ARTIFACTS when set). Ctrl-C
+of `pdlab lab` then leaves no process behind (server, engines, JupyterLab, kernels).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 
 from telemetry import open_reader
@@ -31,6 +34,10 @@ from toolkit.client import PdlabClient, free_port, switchable
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = "04_live_cluster_control.ipynb"
 CHROMIUM = "/usr/bin/chromium"
+CLUSTERS = {
+    "sim": ["--speed", "20", "--nodes", "4", "--split", "2P2D", "--agents", "24"],
+    "torch": ["--engines", "torch", "--nodes", "3", "--split", "1P2D", "--agents", "4"],
+}
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -69,13 +76,14 @@ class Lab:
         self.lab_url: str = kw["lab_url"]
         self.lab_token: str = kw["lab_token"]
         self.db: Path = kw["db"]
+        self.engines: str = kw["engines"]
 
     def tail(self) -> str:
         return self.log.read_text(errors="replace")[-4000:]
 
 
-@pytest.fixture
-def lab(tmp_path: Path) -> Iterator[Lab]:
+@pytest.fixture(params=sorted(CLUSTERS))
+def lab(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Lab]:
     nbdir = tmp_path / "notebooks"
     nbdir.mkdir()
     shutil.copy(ROOT / "notebooks" / NOTEBOOK, nbdir / NOTEBOOK)
@@ -99,8 +107,7 @@ def lab(tmp_path: Path) -> Iterator[Lab]:
         proc = subprocess.Popen(
             [sys.executable, "-m", "toolkit.cli", "lab", "--notebook-dir", str(nbdir),
              "--port", str(port), "--lab-port", str(lab_port), "--lab-token", lab_token,
-             "--token", token, "--db", str(db), "--speed", "20", "--nodes", "4",
-             "--split", "2P2D", "--agents", "24", "--no-browser"],
+             "--token", token, "--db", str(db), *CLUSTERS[request.param], "--no-browser"],
             env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             cwd=tmp_path,
         )  # fmt: skip
@@ -112,7 +119,9 @@ def lab(tmp_path: Path) -> Iterator[Lab]:
         lab_url=f"http://127.0.0.1:{lab_port}",
         lab_token=lab_token,
         db=db,
+        engines=request.param,
     )
+    below: list[psutil.Process] = []
     try:
         wait_until(
             lambda: proc.poll() is not None or "pdlab lab: JupyterLab" in log.read_text(),
@@ -123,6 +132,7 @@ def lab(tmp_path: Path) -> Iterator[Lab]:
         yield lab
     finally:
         if proc.poll() is None:
+            below = psutil.Process(proc.pid).children(recursive=True)
             proc.send_signal(signal.SIGINT)  # Ctrl-C: pdlab lab stops JupyterLab and the server
             try:
                 proc.wait(90)
@@ -130,6 +140,8 @@ def lab(tmp_path: Path) -> Iterator[Lab]:
                 proc.kill()
                 proc.wait()
     assert proc.returncode == 0, lab.tail()
+    _, alive = psutil.wait_procs(below, timeout=30)
+    assert not alive, f"pdlab lab left {[p.cmdline() for p in alive]} running"
     # The server finished the run on the way out: consolidated, no longer live.
     runs = open_reader(db).runs()
     assert runs.height == 1 and not runs["live"][0]
@@ -187,10 +199,14 @@ def test_notebook_04_dashboard_switch_button_in_chromium(lab: Lab) -> None:
             # The dashboard shows it after its next refresh.
             page.locator(f".pdlab-switch-{node}", has_text=f"switch node {node} → ").wait_for()
             dashboard = page.locator(".pdlab-dashboard")
-            dashboard.scroll_into_view_if_needed()
+            dashboard.evaluate("el => el.scrollIntoView()")
             time.sleep(2.5)  # one more refresh so the split plot includes the switch
-            _save(dashboard.screenshot(), "dashboard.png")
-            _save(page.screenshot(full_page=True), "notebook04.png")
+            # Taken at once: an element screenshot waits for a still layout, which a dashboard
+            # redrawing its plots every refresh on a loaded machine may not give in time.
+            box = dashboard.bounding_box()
+            assert box is not None
+            _save(page.screenshot(clip=box), f"dashboard-{lab.engines}.png")
+            _save(page.screenshot(full_page=True), f"notebook04-{lab.engines}.png")
         finally:
             browser.close()
 

@@ -1,21 +1,21 @@
-"""Policy sweeps (paper 003 §5.2): expansion, local vs Ray determinism, DuckDB results, the
-OpenEvolve evaluator (§5.3) and the CLI."""
+"""Policy sweeps (paper 003 §5.2): expansion, checks before any run, local vs Ray determinism,
+DuckDB results and the CLI. (The OpenEvolve evaluator is tested with the experiments.)"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import math
-import textwrap
 
 import pytest
 from typer.testing import CliRunner
 
 from cluster.core import ConfigError
-from cluster.policies.experiments import smoke_spec
+from cluster.experiments.policy_sweeps import smoke_spec
 from cluster.sweep import (
     SweepSpec,
     aggregate,
-    evaluate,
+    check_points,
+    default_warmup_s,
     expand,
     read_results,
     run_sweep,
@@ -77,10 +77,14 @@ def _stable(rows):
     return [{k: v for k, v in r.items() if k not in ("wall_seconds", "backend")} for r in rows]
 
 
-def test_24_configurations_agree_on_local_processes_and_ray(tmp_path):
+def test_configurations_agree_on_local_processes_and_ray(tmp_path):
     ray = pytest.importorskip("ray", reason="the 'ray' extra (ray[default]) is not installed")
-    spec = smoke_spec()
-    assert len(expand(spec)) >= 20
+    # The smoke preset's two workloads and its extreme retention policies, two schedulers: 8 of
+    # its 24 runs (all 24 took three minutes of a 2-core CI machine, twice over).
+    smoke = smoke_spec()
+    grid = smoke.grid | {"retention": ["lru", "evict-always"], "scheduling": ["fcfs", "plas"]}
+    spec = dataclasses.replace(smoke, grid=grid)
+    assert len(expand(spec)) == 8
     local = run_sweep(spec, backend="local", processes=2)
     try:
         remote = run_sweep(spec, backend="ray", processes=2)
@@ -117,59 +121,6 @@ def test_results_store_nan_as_null_and_aggregate_pairs_seeds(tmp_path):
     assert [a["seeds"] for a in agg] == [2, 2] and agg[0]["delta_jct"] is None
 
 
-SEED_TTL = """
-from cluster.policies import RetentionPolicy
-
-class EvolvedRetention(RetentionPolicy):
-    TAU_S = 2.0
-
-    def on_turn_complete(self, pcb, request_id, now):
-        return ("protect", now + self.TAU_S)
-
-    def on_turn_arrival(self, pcb, now):
-        return "release"
-"""
-
-SHORTEST_CONTEXT_FIRST = """
-import math
-from cluster.policies import SchedulingPolicy
-
-class EvolvedScheduling(SchedulingPolicy):
-    def priority(self, pcb, now):
-        return int(round(math.sqrt(max(0.0, pcb.attained_service_s)) * 1000.0 + 0.03 * pcb.context_tokens))
-"""
-
-PEEKING = """
-from cluster.policies import SchedulingPolicy
-
-class Oracle(SchedulingPolicy):
-    def priority(self, pcb, now):
-        return pcb.remaining_turns
-"""
-
-
-def test_openevolve_evaluator_scores_candidates_against_the_seed(tmp_path, monkeypatch):
-    monkeypatch.setenv("PDLAB_EVAL_CELL", json.dumps(SMALL))
-    seed = tmp_path / "seed.py"
-    seed.write_text(textwrap.dedent(SEED_TTL))
-    got = evaluate(str(seed))
-    # The seed is the TTL policy the evaluator compares against: parity exactly.
-    assert got["axis"] == "retention" and got["combined_score"] == pytest.approx(1.0, abs=1e-12)
-    assert got["mean_jct_s"] > 0 and "error" not in got
-    cand = tmp_path / "cand.py"
-    cand.write_text(textwrap.dedent(SHORTEST_CONTEXT_FIRST))
-    got = evaluate(str(cand))
-    assert got["axis"] == "scheduling" and math.isfinite(got["combined_score"])
-    assert got["combined_score"] == pytest.approx(got["seed_mean_jct_s"] / got["mean_jct_s"])
-    bad = tmp_path / "peek.py"
-    bad.write_text(textwrap.dedent(PEEKING))
-    got = evaluate(str(bad))
-    assert got["combined_score"] == 0.0 and "future state is not visible" in got["error"]
-    empty = tmp_path / "empty.py"
-    empty.write_text("x = 1\n")
-    assert "no policy class found" in evaluate(str(empty))["error"]
-
-
 def test_cli_sweep_and_simulate_report_program_metrics(tmp_path):
     runner = CliRunner()
     db = tmp_path / "cli.duckdb"
@@ -201,16 +152,73 @@ def test_cli_sweep_and_simulate_report_program_metrics(tmp_path):
     assert res.exit_code == 2 and "need 0 < --learn <= --warmup" in res.output
 
 
-def test_openevolve_evaluator_file_exposes_evaluate(tmp_path, monkeypatch):
-    """OpenEvolve loads an evaluator *file*; the bundled one scores the paper's seed."""
-    import importlib.util
+def test_a_short_run_without_a_warmup_gets_a_sixth_of_it():
+    spec = SweepSpec(base={"duration_s": 60.0}, grid={"duration_s": [60.0, 1200.0, 7200.0]})
+    assert [p.config["warmup_s"] for p in expand(spec)] == [10.0, 200.0, 600.0]
+    assert default_warmup_s(3600.0) == 600.0  # SimConfig's own default run keeps its warmup
+    given = SweepSpec(base={"duration_s": 60.0, "warmup_s": 0.0})
+    assert expand(given)[0].config["warmup_s"] == 0.0
+    assert "warmup_s" not in expand(SweepSpec(base={"nodes": 2}))[0].config  # SimConfig's 600 s
 
-    from cluster.policies.seeds import SEEDS_DIR
 
-    spec = importlib.util.spec_from_file_location("oe_eval", SEEDS_DIR / "openevolve_evaluator.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    monkeypatch.setenv("PDLAB_EVAL_CELL", json.dumps(SMALL))
-    got = mod.evaluate(str(SEEDS_DIR / "plas_seed.py"))
-    assert got["axis"] == "scheduling" and got["combined_score"] == pytest.approx(1.0)
+def test_a_trace_replayed_at_its_times_gets_a_sixth_of_its_span(tmp_path):
+    trace = tmp_path / "t.csv"
+    rows = [f"{12.0 * i},{800 + i},{10 + i}" for i in range(11)]  # arrivals 0..120 s
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + "\n".join(rows))
+    spec = SweepSpec(
+        base={"workload": str(trace)},
+        grid={"trace_cycle": [False, True], "duration_s": [60.0, 3600.0]},
+    )
+    got = {(p.params["trace_cycle"], p.params["duration_s"]): p.config["warmup_s"]
+           for p in expand(spec)}  # fmt: skip
+    # Replayed once: the run ends soon after the last arrival, 120 s (or at 60 s).
+    assert got == {(False, 60.0): 10.0, (False, 3600.0): 20.0, (True, 60.0): 10.0,
+                   (True, 3600.0): 600.0}  # fmt: skip
+    no_duration = expand(SweepSpec(base={"workload": str(trace)}))[0].config
+    assert no_duration["warmup_s"] == 20.0  # SimConfig's 3,600 s run, the trace's 120 s span
+
+
+def test_check_points_names_the_bad_point_before_anything_runs():
+    spec = SweepSpec(base=SMALL, grid={"retention": ["lru", "no-such-policy"]}, seeds=(0, 1))
+    points = expand(spec)
+    with pytest.raises(ConfigError, match=r"sweep point 1 \(retention='no-such-policy'\): unknown"):
+        check_points(points)
+    with pytest.raises(ConfigError, match="sweep point 0: --nodes must be >= 2"):
+        check_points(expand(SweepSpec(base=SMALL | {"nodes": 0, "split": "1P1D"})))
+    with pytest.raises(ConfigError, match="sweep point 0: need 0 <= --warmup < --duration"):
+        run_sweep(SweepSpec(base=SMALL | {"warmup_s": 300.0}))
+
+
+def test_cli_sweep_refuses_to_guess_what_to_sweep():
+    res = CliRunner().invoke(app, ["sweep"])
+    assert res.exit_code == 2
+    assert "nothing to sweep" in res.output
+    assert all(opt in res.output for opt in ("--preset", "--grid", "--random", "--base"))
+    res = CliRunner().invoke(app, ["sweep", "--seeds", "0", "--processes", "1"])
+    assert res.exit_code == 2 and "nothing to sweep" in res.output
+
+
+def test_cli_sweep_checks_every_point_before_the_progress_bar(tmp_path):
+    args = ["sweep", "--processes", "1", "--db", str(tmp_path / "s.duckdb")]
+    for k, v in SMALL.items():
+        args += ["--base", f"{k}={json.dumps(v) if not isinstance(v, str) else v}"]
+    res = CliRunner().invoke(app, [*args, "--grid", "scheduling=fcfs,no-such-policy"])
+    assert res.exit_code == 2
+    assert "sweep point 1 (scheduling='no-such-policy')" in res.output
+    assert "runs" not in res.output  # no progress bar was drawn
+    assert not (tmp_path / "s.duckdb").exists()
+    res = CliRunner().invoke(app, [*args, "--backend", "dask"])
+    assert res.exit_code == 2 and "--backend must be one of local, ray" in res.output
+    res = CliRunner().invoke(app, [*args, "--seeds", "0,x"])
+    assert res.exit_code == 2 and "--seeds '0,x' must be comma-separated integers" in res.output
+
+
+def test_cli_sweep_of_a_short_run_needs_no_warmup(tmp_path):
+    args = ["sweep", "--processes", "1", "--json"]
+    for k, v in (SMALL | {"duration_s": 60.0}).items():
+        if k != "warmup_s":
+            args += ["--base", f"{k}={json.dumps(v) if not isinstance(v, str) else v}"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    (row,) = json.loads(res.stdout)["rows"]
+    assert row["config"]["warmup_s"] == 10.0 and row["sim_seconds"] == 60.0

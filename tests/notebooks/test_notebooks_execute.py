@@ -1,11 +1,14 @@
-"""Every notebook runs headless (nbclient) against a small simulated run; any error fails.
+"""Every notebook runs headless (nbclient) at its "quick" size; any error fails.
 
-Notebooks take their parameters from the environment: PDLAB_QUICK=1 (small runs, short
-waits), PDLAB_DB (the run to read, or where to write one). 02 and 03 read one small cc run
-made here (host memory kept small so eviction happens); 01 and 05 simulate their own; 04
-starts its own `pdlab serve` (no PDLAB_URL), switches a node and reads the run while the
-server writes it. Each runs in a temporary copy of notebooks/, so nothing lands in the repo.
-Also checked: committed notebooks carry no outputs and no absolute paths.
+The tests set PDLAB_QUICK=1 (each notebook's `run_size` then picks its quick configuration).
+01, 02, 03, 05 and 06 own their data: each writes `.data/<notebook>.duckdb` next to itself (02 also
+copies the bundled torch-cluster run to `.data/02_torch_sample.duckdb`) and
+never touches the live server's database, even when `PDLAB_DB` and `PDLAB_URL` are set as
+`pdlab lab` sets them (checked here with a database holding another run). 04 starts its own
+`pdlab serve` (no PDLAB_URL), switches a node and reads the run while the server writes it.
+Each runs in a temporary copy of notebooks/, so nothing lands in the repo. Also checked:
+committed notebooks carry no outputs and no absolute paths, and the data and size of each
+notebook are documented in its first cell.
 """
 
 from __future__ import annotations
@@ -13,29 +16,40 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from cluster.sim.runner import simulate
-from cluster.sim.simulator import SimConfig
+from telemetry import open_reader
+from toolkit.synth import synth_logs
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 NAMES = sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
+OWN_DATA = [n for n in NAMES if not n.startswith("04_")]  # only 04 talks to the server
 
 
-@pytest.fixture(scope="module")
-def small_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    db = tmp_path_factory.mktemp("nbrun") / "small.duckdb"
-    cfg = SimConfig(
-        workload="cc", nodes=4, split="2P2D", agents=24, duration_s=600, warmup_s=200,
-        window_s=120, slices=6, l2_tokens=1_000_000,
-    )  # fmt: skip
-    simulate(cfg, db)
-    yield db
+def own_db(workdir: Path, name: str) -> Path:
+    return workdir / ".data" / f"{Path(name).stem}.duckdb"
+
+
+@pytest.fixture
+def lab_env(tmp_path_factory: pytest.TempPathFactory, closed_port: int) -> dict[str, str]:
+    """The environment `pdlab lab` gives a kernel: a server's URL and token (nothing listens
+    there) and its database, which holds a run of its own."""
+    live = tmp_path_factory.mktemp("lab") / "live.duckdb"
+    synth_logs(live, nodes=1, prefill_iters=50, decode_iters=50, run_id="the-live-run")
+    return {
+        "PDLAB_DB": str(live),
+        "PDLAB_URL": f"http://127.0.0.1:{closed_port}",
+        "PDLAB_TOKEN": "x",
+    }
+
+
+def untouched(env: dict[str, str]) -> None:
+    runs = open_reader(env["PDLAB_DB"]).runs()
+    assert runs["run_id"].to_list() == ["the-live-run"]
 
 
 def execute(name: str, workdir: Path, monkeypatch: pytest.MonkeyPatch, **env: str) -> list[str]:
@@ -60,8 +74,8 @@ def execute(name: str, workdir: Path, monkeypatch: pytest.MonkeyPatch, **env: st
     return texts
 
 
-def test_there_are_five_notebooks() -> None:
-    assert [n[:3] for n in NAMES] == ["01_", "02_", "03_", "04_", "05_"], NAMES
+def test_there_are_six_notebooks() -> None:
+    assert [n[:3] for n in NAMES] == ["01_", "02_", "03_", "04_", "05_", "06_"], NAMES
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -78,30 +92,65 @@ def test_committed_notebook_is_output_free_and_relative(name: str) -> None:
             )
 
 
-def test_01_quickstart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    out = execute("01_quickstart.ipynb", tmp_path, monkeypatch, PDLAB_DB="nb01.duckdb")
-    assert (tmp_path / "nb01.duckdb").exists()  # relative to the notebook's directory
+@pytest.mark.parametrize("name", OWN_DATA)
+def test_a_notebook_documents_its_data_and_size_and_reads_no_environment(name: str) -> None:
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    intro = nb.cells[0].source
+    assert f"`.data/{Path(name).stem}.duckdb`" in intro
+    assert "`SIZE`" in intro and '`"default"`' in intro and '`"full"`' in intro
+    assert "PDLAB_QUICK=1" in intro
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert f'notebook_db("{Path(name).stem}")' in code and 'run_size("default")' in code
+    for word in (
+        "os.environ",
+        "PDLAB_DB",
+        "PDLAB_URL",
+        "PDLAB_TOKEN",
+        "PdlabClient",
+        "launch_server",
+    ):
+        assert word not in code, f"{name} reads {word}: only notebook 04 talks to the server"
+
+
+def test_01_quickstart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lab_env: dict[str, str]
+) -> None:
+    out = execute("01_quickstart.ipynb", tmp_path, monkeypatch, **lab_env)
+    untouched(lab_env)
+    runs = open_reader(own_db(tmp_path, "01_quickstart.ipynb")).runs()
+    assert runs.height == 1 and runs["run_id"][0] in "\n".join(out)
     assert any("run_id" in t and "kv_hit_rate" in t for t in out)
     assert sum("application/vnd.plotly.v1+json" in t for t in out) == 6
 
 
-def test_02_fitting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_run: Path) -> None:
-    out = execute(
-        "02_fitting_node_coefficients.ipynb", tmp_path, monkeypatch, PDLAB_DB=str(small_run)
-    )
+def test_02_fitting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lab_env: dict[str, str]
+) -> None:
+    out = execute("02_fitting_node_coefficients.ipynb", tmp_path, monkeypatch, **lab_env)
+    untouched(lab_env)
     text = "\n".join(out)
     assert "== a100: prefill" in text and "== h100: decode" in text
-    assert (tmp_path / "synthetic.duckdb").exists()
-    assert text.count("application/vnd.plotly.v1+json") == 4
+    db = own_db(tmp_path, "02_fitting_node_coefficients.ipynb")
+    runs = open_reader(db).runs()  # the synthetic run and the simulated one
+    assert runs["source"].to_list() == ["synth", "sim"]
+    assert f"fitting run {runs['run_id'][1]} of .data/02_fitting_node_coefficients.duckdb" in text
+    # Part 4: the bundled torch run, fitted; measured phi(B) drawn against the model.
+    assert (tmp_path / ".data" / "02_torch_sample.duckdb").exists()
+    assert "heldout_mape_pct" in text and "p90_over_p10" in text
+    assert "measured: experts_active / E" in text
+    assert text.count("application/vnd.plotly.v1+json") == 6
 
 
 def test_03_branch_counts_and_eviction(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_run: Path
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lab_env: dict[str, str]
 ) -> None:
-    out = execute(
-        "03_branch_counts_and_eviction.ipynb", tmp_path, monkeypatch, PDLAB_DB=str(small_run)
-    )
+    out = execute("03_branch_counts_and_eviction.ipynb", tmp_path, monkeypatch, **lab_env)
+    untouched(lab_env)
     text = "\n".join(out)
+    plotted = re.search(r"plotting run (\S+) of (\S+)", text)
+    assert plotted is not None and plotted[2] == ".data/03_branch_counts_and_eviction.duckdb"
+    runs = open_reader(own_db(tmp_path, "03_branch_counts_and_eviction.ipynb")).runs()
+    assert runs["run_id"].to_list() == [plotted[1]]  # the run it made is the run it plots
     assert "referenced_share" in text and "host" in text
     assert text.count("application/vnd.plotly.v1+json") == 4
 
@@ -116,9 +165,26 @@ def test_04_live_cluster_control(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert (tmp_path / "live.duckdb").exists()
 
 
-def test_05_compare_policies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    out = execute("05_compare_policies.ipynb", tmp_path, monkeypatch, PDLAB_DB="nb05.duckdb")
+def test_05_compare_policies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lab_env: dict[str, str]
+) -> None:
+    out = execute("05_compare_policies.ipynb", tmp_path, monkeypatch, **lab_env)
+    untouched(lab_env)
     text = "\n".join(out)
     for variant in ("static planner", "arrow-like planner", "round-robin router", "lru eviction"):
         assert variant in text
     assert text.count("application/vnd.plotly.v1+json") == 4
+    runs = open_reader(own_db(tmp_path, "05_compare_policies.ipynb")).runs()
+    assert runs.height == 5
+    # The split over time of each planner, printed under "What this size can show".
+    assert re.search(r"static planner\s+\[\(0, '2P2D'\)\]", text), text[-2000:]
+
+
+def test_06_twin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lab_env: dict[str, str]) -> None:
+    out = execute("06_twin.ipynb", tmp_path, monkeypatch, **lab_env)
+    untouched(lab_env)
+    text = "\n".join(out)
+    assert "replayed 300 requests" in text and "as run twin-rtx4090_llama31_8b_vllm" in text
+    assert text.count("application/vnd.plotly.v1+json") == 3
+    runs = open_reader(own_db(tmp_path, "06_twin.ipynb")).runs()
+    assert runs["source"].to_list() == ["vllm-bench", "twin"]

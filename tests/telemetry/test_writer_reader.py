@@ -40,6 +40,8 @@ def test_every_table_round_trips_exactly(db, rows, nodes):
             "source": "sim",
             "config": '{"b": [1, 2]}',
             "live": False,
+            "status": "finished",
+            "status_detail": None,
         }
     ]
     assert r.nodes("rt").drop("run_id").to_dicts() == nodes()

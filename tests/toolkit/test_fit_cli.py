@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -50,11 +51,25 @@ def test_fit_json_has_the_documented_shape(db: Path) -> None:
 
 
 def test_fit_table_and_node_filter(db: Path) -> None:
-    res = runner.invoke(app, ["fit", str(db), "--node", "1", "--holdout", "0.3", "--no-write"])
+    res = runner.invoke(
+        app, ["fit", str(db), "--node", "1", "--holdout", "0.3", "--no-write", "--wide"]
+    )
     assert res.exit_code == 0, res.output
     assert "iteration-time fits of run synth-" in res.stdout
     assert "c0 = " in res.stdout and "d2 = " in res.stdout
     assert "rows written" not in res.stdout
+
+
+def test_fit_table_is_compact_at_80_columns(db: Path) -> None:
+    res = runner.invoke(app, ["fit", str(db), "--no-write"], env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    # One line per node and phase (3 nodes): before, every coefficient wrapped onto its own
+    # lines (~14 lines per node).
+    rows = [line for line in lines if re.match(r"\s+\d+\s+(prefill|decode)\s", line)]
+    assert len(rows) == 6 and len(lines) < 16
+    assert all("e-" in row for row in rows)  # coefficients in scientific notation
 
 
 def test_subprocess_stdout_is_pure_json(db: Path) -> None:
@@ -84,14 +99,16 @@ def test_a_node_that_cannot_be_fitted_gets_a_message_not_a_crash(tmp_path: Path)
     res = runner.invoke(app, ["synth-logs", str(path), "--nodes", "2", "--iterations", "6"])
     assert res.exit_code == 0, res.output
     res = runner.invoke(app, ["fit", str(path), "--json"])
-    assert res.exit_code == 0, res.output
+    # Nothing at all could be fitted: the entries say why, and the exit code says so too.
+    assert res.exit_code == 1, res.output
+    assert "error: no model could be fitted" in res.stderr
     for node in json.loads(res.stdout)["nodes"]:
         for phase in ("prefill", "decode"):
             entry = node[phase]
             assert entry["coef"] is None
             assert entry["message"].startswith(f"node {node['node_id']} {phase}: only ")
     table = runner.invoke(app, ["fit", str(path)])
-    assert table.exit_code == 0 and "not fitted" in table.stdout and "need at least" in table.stdout
+    assert table.exit_code == 1 and "not fitted" in table.stdout and "need at least" in table.stdout
 
 
 @pytest.mark.parametrize(

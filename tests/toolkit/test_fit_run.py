@@ -256,14 +256,16 @@ def _external_db(path: Path) -> None:
     t_uc, a, t_rst, y = _prefill(300, 11)
     y[:3] = [0.0, -1.0, float("nan")]  # bad rows the schema would have rejected
     con.execute(
-        "INSERT INTO prefill_iterations SELECT 'ext', 0, i, i, y, 1, u, a, r, 0 "
+        "INSERT INTO prefill_iterations (run_id, node_id, iter_id, t_start, duration_s, "
+        "num_reqs, t_uc, attn_pairs, t_rst, t_c) SELECT 'ext', 0, i, i, y, 1, u, a, r, 0 "
         "FROM (SELECT unnest(range(300)) AS i, unnest(?) AS u, unnest(?) AS a, unnest(?) AS r, unnest(?) AS y)",
         [t_uc.tolist(), a.tolist(), t_rst.tolist(), y.tolist()],
     )
     b, t_fwd, yd = _decode(300, 12)
     for node in (0, 1):  # node 1 has no nodes row
         con.execute(
-            "INSERT INTO decode_iterations SELECT 'ext', ?, i, i, y, b, f, 0 "
+            "INSERT INTO decode_iterations (run_id, node_id, iter_id, t_start, duration_s, "
+            "batch_size, t_fwd, ctx_tokens) SELECT 'ext', ?, i, i, y, b, f, 0 "
             "FROM (SELECT unnest(range(300)) AS i, unnest(?) AS b, unnest(?) AS f, unnest(?) AS y)",
             [node, b.tolist(), t_fwd.tolist(), yd.tolist()],
         )
@@ -320,7 +322,9 @@ def test_input_errors_are_clear(tmp_path: Path, synth_db: tuple[Path, str]) -> N
         fit_run(empty)
     not_db = tmp_path / "notes.txt"
     not_db.write_text("hello")
-    with pytest.raises(FitInputError, match="cannot read"):
+    with pytest.raises(
+        FitInputError, match=r"notes\.txt is not a DuckDB database \(it looks like text\)"
+    ):
         fit_run(not_db)
     db, run_id = synth_db
     with pytest.raises(FitInputError, match="no run 'nope'.*" + run_id):
@@ -340,9 +344,7 @@ def test_several_runs_need_a_run_id(tmp_path: Path) -> None:
     assert len(fit_run(db, b).nodes) == 2 and len(fit_run(db, a).nodes) == 1
 
 
-def test_a_column_missing_from_an_external_table_excludes_rows_with_a_message(
-    tmp_path: Path,
-) -> None:
+def test_a_column_missing_from_an_external_table_is_named(tmp_path: Path) -> None:
     db = tmp_path / "no_rst.duckdb"
     con = duckdb.connect(str(db))
     con.execute(
@@ -354,11 +356,11 @@ def test_a_column_missing_from_an_external_table_excludes_rows_with_a_message(
         "FROM range(50) t(i)"
     )
     con.close()
-    fit = fit_run(db)
-    entry = fit.nodes[0].prefill
-    assert entry.coef is None
-    assert "50 iterations excluded" in entry.message and "missing values" in entry.message
-    assert "only 0 training iterations" in entry.message
+    # Before the schema check, every row read t_rst as NULL and was silently excluded.
+    with pytest.raises(
+        FitInputError, match="table prefill_iterations lacks the required column t_rst"
+    ):
+        fit_run(db)
 
 
 def test_synthetic_truth_is_validated() -> None:

@@ -2,9 +2,12 @@
 
 Every function takes `(db_or_reader, run_id=None, **options)` — a DuckDB path or a
 `telemetry.TelemetryReader` (which also reads runs still being written) — and returns a
-`plotly.graph_objects.Figure` with titled axes and units. Large tables are reduced in DuckDB
-(bins, hash samples) before plotting; a table without rows gives a figure that says so.
-`FIGURES` maps a short name to each function, in the order `pdlab report` shows them.
+`plotly.graph_objects.Figure` with titled axes and units. Each runs one query function of
+`toolkit.queries` (large tables reduced in DuckDB: bins, hash samples; testable without
+plotly) and one drawing function of its module here (`draw_*`, data in, figure out). A table
+without rows gives a figure that says so, a panel without data a message saying why.
+`FIGURES` maps a short name to each function, in the order `pdlab report` shows them;
+`TWIN_FIGURES` those of a run written by `pdlab twin` (shown for such runs only).
 """
 
 from collections.abc import Callable
@@ -21,6 +24,7 @@ from toolkit.plots.phi import phi_curve
 from toolkit.plots.planner import planner_gains
 from toolkit.plots.reuse import lost_kv_reuse
 from toolkit.plots.split import pd_split
+from toolkit.plots.twin import twin_cdf, twin_scatter
 
 FIGURES: dict[str, Callable[..., go.Figure]] = {
     "split": pd_split,
@@ -35,9 +39,14 @@ FIGURES: dict[str, Callable[..., go.Figure]] = {
     "counts": branch_counts_over_time,
     "count_tree": branch_count_tree,
 }
+TWIN_FIGURES: dict[str, Callable[..., go.Figure]] = {
+    "twin_cdf": twin_cdf,
+    "twin_scatter": twin_scatter,
+}
 
 __all__ = [
     "FIGURES",
+    "TWIN_FIGURES",
     "branch_count_tree",
     "branch_counts_over_time",
     "decode_fit",
@@ -51,4 +60,6 @@ __all__ = [
     "phi_curve",
     "planner_gains",
     "prefill_fit",
+    "twin_cdf",
+    "twin_scatter",
 ]

@@ -20,12 +20,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 
 from models.iteration import phi
 from telemetry import open_reader
+from telemetry.database import connect
 from telemetry.schema import all_ddl
 from toolkit.fitting import fit_run
 from toolkit.plots.fits import decode_fit
@@ -83,7 +83,7 @@ def _request_rows(rng: np.random.Generator, start: int, n: int) -> pa.Table:
 def write_bench_db(path: Path, rows: int, seed: int = 0) -> None:
     """A run with `rows` decode iterations and `rows` finished requests, via Arrow inserts."""
     rng = np.random.default_rng(seed)
-    con = duckdb.connect(str(path))
+    con = connect(path)
     try:
         for stmt in all_ddl():
             con.execute(stmt)

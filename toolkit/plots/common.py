@@ -1,31 +1,21 @@
-"""Shared plumbing of the figure library (SPEC §7 figures over the SPEC §3 telemetry tables).
+"""The house look of the figure library (SPEC §7 figures): colors, titles, empty figures and
+panels, percent axes.
 
-Every figure function takes `(db_or_reader, run_id=None, **options)` and returns a plotly
-`Figure`. It opens ONE reader connection (`open_run`), so the database is attached once per
-figure and the live Parquet segments of a run still being written are read too. Heavy
-tables are reduced in DuckDB before anything reaches Python: time and size bins are GROUP BY
-queries, scatter points a deterministic hash sample (`hash_sample`), so a figure over 10M
-rows moves a few thousand rows into plotly. A table without rows for the run yields a
-figure that says so (`no_data`) instead of an exception; a missing database or an unknown
-run raises `TelemetryError` naming what exists.
+A figure function of `toolkit.plots` runs one query function of `toolkit.queries` (DuckDB
+in, polars and plain values out) and one drawing function (that data in, a plotly `Figure`
+out). The drawing functions share what is here: node and phase colors, `style` (title with
+the run id and a note), `no_data` (a figure that only says why there is nothing to draw),
+`panel_message` (the same for one panel of a figure with several) and `percent_axis` (a
+fraction axis zoomed to the data with tick labels that never repeat).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable
 from typing import Any
 
-import duckdb
 import plotly.graph_objects as go
-import polars as pl
-
-from telemetry import TelemetryError, TelemetryReader, open_reader
-
-Source = str | os.PathLike[str] | TelemetryReader
 
 # Plotly's and D3's qualitative palettes: 20 distinguishable node colors, then they repeat.
 NODE_COLORS = (
@@ -57,152 +47,36 @@ PHASE_COLORS = {
     "switching": "#d62728",
     "unknown": "#bbbbbb",
 }
-SAMPLE_MOD = 1_000_000  # resolution of hash sampling (fractions down to 1e-6)
+
+
+PANEL_MESSAGE = "panel-message"  # the `name` of a panel_message annotation
 
 
 def node_color(node_id: int) -> str:
     return NODE_COLORS[int(node_id) % len(NODE_COLORS)]
 
 
-class Run:
-    """One run of one database, read through a single open reader connection.
-
-    Queries take `?` parameters; `df()` returns polars. Derived run facts (config, warmup,
-    end time, node names) are read once on first use.
-    """
-
-    def __init__(
-        self, reader: TelemetryReader, con: duckdb.DuckDBPyConnection, run_id: str, label: str
-    ) -> None:
-        self.reader = reader
-        self.con = con
-        self.run_id = run_id
-        self.label = label
-        self._config: dict[str, Any] | None = None
-        self._t_end: float | None = None
-
-    def df(self, sql: str, params: Sequence[Any] = ()) -> pl.DataFrame:
-        rel = self.con.sql(sql, params=list(params) or None)
-        return pl.DataFrame() if rel is None else rel.pl()
-
-    def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        return self.con.execute(sql, list(params)).fetchall()
-
-    def scalar(self, sql: str, params: Sequence[Any] = ()) -> Any:
-        rows = self.con.execute(sql, list(params)).fetchall()
-        return rows[0][0] if rows else None
-
-    def count(self, table: str, where: str = "true") -> int:
-        return int(
-            self.scalar(
-                f"SELECT count(*) FROM {table} WHERE run_id = ? AND ({where})", [self.run_id]
-            )
-        )
-
-    def config(self) -> dict[str, Any]:
-        """The run's config JSON (empty for runs logged without one)."""
-        if self._config is None:
-            raw = self.scalar("SELECT config FROM runs WHERE run_id = ? LIMIT 1", [self.run_id])
-            try:
-                parsed = json.loads(raw) if raw else {}
-            except (TypeError, ValueError):
-                parsed = {}
-            self._config = parsed if isinstance(parsed, dict) else {}
-        return self._config
-
-    def warmup_s(self) -> float:
-        value = self.config().get("warmup_s")
-        return float(value) if isinstance(value, int | float) else 0.0
-
-    def t_end(self) -> float:
-        """The run's length: `duration_s` of its config, else its last logged time."""
-        if self._t_end is None:
-            value = self.config().get("duration_s")
-            if isinstance(value, int | float) and value > 0:
-                self._t_end = float(value)
-            else:
-                q = """
-                    SELECT greatest(
-                        (SELECT max(coalesce(t_done, t_first_token, t_arrival)) FROM requests
-                         WHERE run_id = ?),
-                        (SELECT max(t_start + duration_s) FROM prefill_iterations WHERE run_id = ?),
-                        (SELECT max(t_start + duration_s) FROM decode_iterations WHERE run_id = ?),
-                        (SELECT max(coalesce(t_done, t_decided)) FROM phase_switches
-                         WHERE run_id = ?))
-                """
-                last = self.scalar(q, [self.run_id] * 4)
-                self._t_end = float(last) if last is not None else 0.0
-        return self._t_end
-
-    def nodes(self) -> pl.DataFrame:
-        """node_id, name, moe_top_k, moe_experts of the run's `nodes` rows, by node_id."""
-        return self.df(
-            "SELECT node_id, name, hardware, moe_top_k, moe_experts FROM nodes "
-            "WHERE run_id = ? ORDER BY node_id",
-            [self.run_id],
-        )
-
-
-def _resolve(con: duckdb.DuckDBPyConnection, run_id: str | None, label: str) -> str:
-    runs = [
-        r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY started_at, run_id").fetchall()
-    ]
-    if run_id is None:
-        if len(runs) == 1:
-            return str(runs[0])
-        if not runs:
-            raise TelemetryError(f"{label} holds no runs")
-        raise TelemetryError(f"{label} holds {len(runs)} runs; choose one of: {', '.join(runs)}")
-    if run_id in runs:
-        return run_id
-    # Logs written by external engines may lack a runs row; their iteration rows still count.
-    for table in ("prefill_iterations", "decode_iterations", "requests"):
-        if con.execute(f"SELECT 1 FROM {table} WHERE run_id = ? LIMIT 1", [run_id]).fetchall():
-            return run_id
-    raise TelemetryError(f"unknown run {run_id!r} in {label}; runs: {', '.join(runs) or 'none'}")
-
-
-def as_reader(source: Source) -> TelemetryReader:
-    """A telemetry reader of a path (which must exist) or the reader itself."""
-    if isinstance(source, TelemetryReader):
-        return source
-    if isinstance(source, str | os.PathLike):
-        return open_reader(source)
-    raise TelemetryError(
-        f"expected a database path or a telemetry reader, got {type(source).__name__}"
-    )
-
-
-@contextmanager
-def open_run(source: Source, run_id: str | None = None) -> Iterator[Run]:
-    """One reader connection with the run resolved; raises TelemetryError for a bad DB/run."""
-    reader = as_reader(source)
-    label = str(reader.db_path)
-    with reader.connect() as con:
-        yield Run(reader, con, _resolve(con, run_id, label), label)
-
-
-def title_text(title: str, run: Run, note: str | None = None) -> str:
-    sub = f"run {run.run_id}" + (f" · {note}" if note else "")
+def title_text(title: str, run_id: str, note: str | None = None) -> str:
+    sub = f"run {run_id}" + (f" · {note}" if note else "")
     return f"{title}<br><sup>{sub}</sup>"
 
 
 def style(
-    fig: go.Figure, title: str, run: Run, note: str | None = None, height: int = 480
+    fig: go.Figure, title: str, run_id: str, note: str | None = None, height: int = 480
 ) -> go.Figure:
     """The house look: white template, title with the run id, legend on the right."""
     fig.update_layout(
         template="plotly_white",
-        title={"text": title_text(title, run, note), "x": 0.01, "xanchor": "left"},
+        title={"text": title_text(title, run_id, note), "x": 0.01, "xanchor": "left"},
         height=height,
         margin={"l": 70, "r": 30, "t": 90, "b": 60},
         legend={"tracegroupgap": 2},
-        meta={"pdlab_title": title, "run_id": run.run_id},
+        meta={"pdlab_title": title, "run_id": run_id},
     )
     return fig
 
 
-def no_data(title: str, run: Run | None, message: str, height: int = 360) -> go.Figure:
+def no_data(title: str, run_id: str | None, message: str, height: int = 360) -> go.Figure:
     """A figure whose only content is `message` (no rows to plot); never an exception."""
     fig = go.Figure()
     fig.add_annotation(
@@ -216,12 +90,12 @@ def no_data(title: str, run: Run | None, message: str, height: int = 360) -> go.
     )
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
-    sub = f"<br><sup>run {run.run_id}</sup>" if run is not None else ""
+    sub = f"<br><sup>run {run_id}</sup>" if run_id is not None else ""
     fig.update_layout(
         template="plotly_white",
         title={"text": title + sub, "x": 0.01, "xanchor": "left"},
         height=height,
-        meta={"pdlab_title": title, "run_id": run.run_id if run else None, "empty": message},
+        meta={"pdlab_title": title, "run_id": run_id, "empty": message},
     )
     return fig
 
@@ -232,44 +106,52 @@ def is_empty(fig: go.Figure) -> bool:
     return isinstance(meta, dict) and "empty" in meta
 
 
-def hash_sample(
-    keys: str, per_group: dict[int, int], group_col: str, limit: int
-) -> tuple[str, list[Any]]:
-    """A WHERE fragment keeping about `limit` rows per group, chosen by a hash of `keys`.
+def panel_message(fig: go.Figure, row: int, col: int, message: str) -> None:
+    """Say in the middle of one subplot why it has nothing drawn (e.g. a column not logged).
 
-    Deterministic (same rows on every call, unlike a reservoir sample under threads) and one
-    cheap filter pass: group g keeps rows whose hash falls below limit/count_g of the range
-    (with 20% headroom; callers cut the exact count with `row_number() <= limit`).
-    """
-    cases = []
-    params: list[Any] = []
-    for group, count in per_group.items():
-        frac = min(1.0, 1.2 * limit / max(count, 1))
-        cases.append(f"WHEN {group_col} = ? THEN ?")
-        params += [group, math.ceil(frac * SAMPLE_MOD)]
-    if not cases:
-        return "false", []
-    where = f"hash({keys}) % {SAMPLE_MOD} < CASE {' '.join(cases)} ELSE 0 END"
-    return where, params
-
-
-def time_bin_width(t_end: float, bins: int) -> float:
-    """A round bin width (1, 2, 5 × 10^k seconds) giving about `bins` bins over [0, t_end]."""
-    if bins < 1:
-        raise ValueError(f"bins must be >= 1, got {bins}")
-    raw = max(t_end, 1e-9) / bins
-    exp = math.floor(math.log10(raw))
-    for m in (1.0, 2.0, 5.0, 10.0):
-        if m * 10**exp >= raw:
-            return m * 10**exp
-    return 10.0 ** (exp + 1)  # pragma: no cover
-
-
-def switch_lines(run: Run) -> list[float]:
-    """Completion times of the run's phase switches (drawn as dotted lines on time axes)."""
-    rows = run.rows(
-        "SELECT DISTINCT t_done FROM phase_switches WHERE run_id = ? AND t_done IS NOT NULL "
-        "ORDER BY 1",
-        [run.run_id],
+    Placed in paper coordinates at the centre of the subplot's domain: plotly.js does not
+    draw the axes of a subplot without traces, so axis-relative positions would drift."""
+    sub = fig.get_subplot(row, col)
+    fig.add_annotation(
+        text=message,
+        x=sum(sub.xaxis.domain) / 2,
+        y=sum(sub.yaxis.domain) / 2,
+        xref="paper",
+        yref="paper",
+        showarrow=False,
+        font={"size": 12, "color": "#777"},
+        name=PANEL_MESSAGE,
     )
-    return [float(r[0]) for r in rows]
+
+
+def percent_axis(
+    values: Iterable[float | None], *, zero: bool = False, headroom: float = 0.0, ticks: int = 5
+) -> dict[str, Any]:
+    """Axis settings (`update_yaxes(**...)`) for fractions shown as percents.
+
+    The range hugs the data (a 0.1% difference is not drawn on a 0–100% axis) unless `zero`
+    (bars) or the data lie closer to 0 than their spread; it stays within [0, 1] plus
+    `headroom` (a share of the range added on top, for labels). Ticks are a round step
+    (1, 2, 5 x 10^k) with as many decimals as the step needs, so no two labels repeat."""
+    vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    lo, hi = (min(vals), max(vals)) if vals else (0.0, 1.0)
+    pad = max(0.1 * (hi - lo), 5e-4)
+    lo_r, hi_r = max(lo - pad, 0.0), min(hi + pad, 1.0)
+    if zero or lo_r <= hi - lo:
+        lo_r = 0.0
+    hi_r += headroom * (hi_r - lo_r)
+    step = _round_step((hi_r - lo_r) / ticks)
+    decimals = max(0, -math.floor(math.log10(100 * step) + 1e-9))
+    return {
+        "range": [lo_r, hi_r],
+        "tick0": 0.0,
+        "dtick": step,
+        "tickformat": f".{decimals}%",
+    }
+
+
+def _round_step(raw: float) -> float:
+    """The 1, 2, 5 x 10^k step nearest to `raw` (on a log scale)."""
+    exp = math.floor(math.log10(raw))
+    steps = [m * 10.0**exp for m in (1.0, 2.0, 5.0, 10.0)]
+    return min(steps, key=lambda s: abs(math.log(s / raw)))

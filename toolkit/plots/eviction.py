@@ -1,17 +1,10 @@
 """Eviction timeline: zero-count vs referenced blocks and the reuse they cost (paper 000 §5.3).
 
-Branch-aware eviction evicts host blocks in ascending (1[R_b > 0], T_b): blocks no active
-branch references (count 0 on that node) first, LRU within each group. Each `evictions` row
-carries the block's count at eviction. Per tier and time bin the figure stacks the evicted
-blocks with count 0 and with count > 0, and draws how many of them the node needed again.
-
-"Needed again" (the recompute an eviction caused) is defined as: a later `kv_events` row
-'stored' of the same block_hash on the same node and tier (the first one after the
-eviction, found by an ASOF join). For the host tier — the node's last copy, since GPU KV
-stays within host KV — that block was prefilled again or fetched from a peer; for the GPU
-tier it was reloaded (restored from host, fetched or recomputed). Evictions near the run's
-end are right-censored: their re-use would fall after the run. Without kv_events (compact
-telemetry) only the eviction counts are drawn.
+Per tier and time bin the figure stacks the evicted blocks with count 0 (no active branch
+referenced them on that node) and with count > 0, and draws how many of them the node
+needed again (stored again later on the same node and tier; see `toolkit.queries.eviction`
+for the definition and its right-censoring). Without kv_events (compact telemetry) only the
+eviction counts are drawn, and the subtitle says so.
 """
 
 from __future__ import annotations
@@ -22,47 +15,26 @@ import plotly.graph_objects as go
 import polars as pl
 from plotly.subplots import make_subplots
 
-from toolkit.plots.common import Run, Source, no_data, open_run, style, switch_lines, time_bin_width
+from toolkit.plots.common import no_data, style
+from toolkit.queries.eviction import EvictionData, eviction_data
+from toolkit.queries.run import Source, open_run
 
 TITLE = "KV eviction timeline"
 COLORS = {"zero": "#9ecae1", "referenced": "#d62728", "again": "#000000"}
 
 
-def eviction_stats(run: Run, width: float) -> tuple[pl.DataFrame, bool]:
-    """Per tier, time bin and referenced flag: evicted blocks, re-stored ones, mean gap (s).
-
-    The flag says whether kv_events were logged (otherwise n_again is 0 by construction).
-    """
-    has_kv = run.count("kv_events", "kind = 'stored'") > 0
-    stats = run.df(
-        """
-        WITH e AS (
-            SELECT t, node_id, tier, block_hash, branch_count > 0 AS referenced
-            FROM evictions WHERE run_id = ?
-        ), s AS (
-            SELECT t, node_id, tier, block_hash FROM kv_events WHERE run_id = ? AND kind = 'stored'
-        ), j AS (
-            SELECT e.*, s.t AS t_again FROM e ASOF LEFT JOIN s
-              ON e.node_id = s.node_id AND e.tier = s.tier AND e.block_hash = s.block_hash
-             AND s.t > e.t
-        )
-        SELECT tier, floor(t / ?) * ? AS t_bin, referenced, count(*) AS n,
-               count(t_again) AS n_again, avg(t_again - t) AS gap_s
-        FROM j GROUP BY ALL ORDER BY tier, t_bin, referenced
-        """,
-        [run.run_id, run.run_id, width, width],
-    )
-    return stats, has_kv
-
-
 def eviction_timeline(db: Source, run_id: str | None = None, *, bins: int = 60) -> go.Figure:
     """Evicted blocks per time bin (count 0 vs > 0) per tier, and those needed again later."""
     with open_run(db, run_id) as run:
-        if run.count("evictions") == 0:
-            return no_data(TITLE, run, f"no evictions logged in run {run.run_id}")
-        width = time_bin_width(run.t_end(), bins)
-        stats, has_kv = eviction_stats(run, width)
-        lines = switch_lines(run)
+        data = eviction_data(run, bins=bins)
+    return draw_eviction(data)
+
+
+def draw_eviction(data: EvictionData) -> go.Figure:
+    """The figure of `eviction_timeline` from its data."""
+    if data.missing:
+        return no_data(TITLE, data.run_id, data.missing)
+    stats, has_kv, width, lines = data.stats, data.has_kv_events, data.width_s, data.switch_times
     tiers = [t for t in ("gpu", "host") if t in stats["tier"].to_list()]
     tiers += sorted(set(stats["tier"].to_list()) - set(tiers))
     fig = make_subplots(
@@ -132,7 +104,7 @@ def eviction_timeline(db: Source, run_id: str | None = None, *, bins: int = 60) 
     note = f"bins of {width:g} s; dotted: phase switches done"
     if not has_kv:
         note += "; no kv_events logged (compact telemetry), so re-use after eviction is unknown"
-    return style(fig, TITLE, run, note, height=250 + 230 * len(tiers))
+    return style(fig, TITLE, data.run_id, note, height=250 + 230 * len(tiers))
 
 
 def _tier_title(stats: pl.DataFrame, tier: str, has_kv: bool) -> str:

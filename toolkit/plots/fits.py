@@ -5,14 +5,11 @@ iterations: measured vs predicted (prefill) and iteration time vs running reques
 the model curve (decode, Fig. 5(d)), then the relative error (measured − predicted) /
 measured binned by tokens and by batch size — Σt_uc and requests per prefill batch, B and
 context tokens per decode iteration (the context term Eq. 2 omits shows up as a trend in the
-last panel). Coefficients come from `toolkit.fitting.fit_run` (held-out MAPE in the legend)
-unless a `RunFit` is passed. Predictions and bins are computed in DuckDB with the
-coefficients as query parameters; the scatter points are a per-node hash sample.
+last panel). The fits, binned errors and sampled points come from `toolkit.queries.fits`
+(held-out MAPE in the legend).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
@@ -20,110 +17,18 @@ import polars as pl
 from plotly.subplots import make_subplots
 
 from models.iteration import DecodeModel
-from toolkit.fit_sql import PHASE_SQL, PhaseSql, values_list
-from toolkit.fitting import FitInputError, PhaseFit, RunFit, fit_run
-from toolkit.plots.common import Run, Source, hash_sample, no_data, node_color, open_run, style
+from toolkit.fitting import PhaseFit, RunFit
+from toolkit.plots.common import no_data, node_color, style
+from toolkit.queries.fits import FitData, fit_data
+from toolkit.queries.run import Source, open_run
 
 PREFILL_TITLE = "Prefill iteration-time fit (Eq. 1)"
 DECODE_TITLE = "Decode iteration-time fit (Eq. 2)"
-BINS_PER_OCTAVE = 2  # token bins are half-octaves: fine enough to show a trend, >10 rows each
-
-
-def _fits(run: Run, fit: RunFit | None, phase: str) -> tuple[dict[int, PhaseFit], list[str]]:
-    """The successful fits of `phase` per node, and notes for nodes that failed."""
-    if fit is None:
-        fit = fit_run(run.reader, run.run_id, bootstrap=0)
-    elif fit.run_id != run.run_id:
-        raise ValueError(f"the RunFit passed is of run {fit.run_id!r}, not {run.run_id!r}")
-    ok: dict[int, PhaseFit] = {}
-    notes = []
-    for node in fit.nodes:
-        pf = node.prefill if phase == "prefill" else node.decode
-        if pf.ok:
-            ok[node.node_id] = pf
-        elif pf.samples or pf.samples_test:
-            notes.append(f"node {node.node_id}: {pf.message}")
-    return ok, notes
-
-
-def _model_sql(run: Run, spec: PhaseSql, fits: dict[int, PhaseFit]) -> tuple[str, str, list[Any]]:
-    """(FROM clause joining the coefficients, prediction expression, its parameters)."""
-    shapes = {
-        int(r["node_id"]): (int(r["moe_top_k"] or 0), int(r["moe_experts"] or 0))
-        for r in run.nodes().iter_rows(named=True)
-    }
-    rows = []
-    for n, f in fits.items():
-        k, e = shapes.get(n, (0, 0))
-        log_base = float(np.log1p(-k / e)) if e > 0 and 0 < k <= e else 0.0
-        rows.append((n, *(f.coef or ()), log_base))
-    cols = ["node_id", *(f"c{i}" for i in range(len(spec.terms))), "log_base"]
-    values, params = values_list(rows, cols)
-    pred = " + ".join(["m.c0", *(f"m.c{i + 1} * ({f})" for i, f in enumerate(spec.features))])
-    source = f"{spec.table} t JOIN {values} ON m.node_id = t.node_id"
-    return source, pred, params
 
 
 def _legend_name(node: int, f: PhaseFit) -> str:
     mape = f"held-out MAPE {100 * f.mape:.1f}%" if f.mape is not None else "no held-out MAPE"
     return f"node {node} · {mape}"
-
-
-def _binned(
-    run: Run,
-    source: str,
-    pred: str,
-    params: list[Any],
-    spec: PhaseSql,
-    dims: dict[str, tuple[str, str]],
-) -> pl.DataFrame:
-    """Relative error statistics per node and bin for each binning in `dims`, in one scan.
-
-    `dims` maps a name to (SQL of the bin key, SQL of the binned quantity); x is the mean of
-    the quantity within the bin. Every binning covers every valid row once.
-    """
-    cols = ", ".join(f"{key} AS k_{name}, {x} AS x_{name}" for name, (key, x) in dims.items())
-    sets = ", ".join(f"(node_id, k_{name})" for name in dims)
-    dim = " ".join(f"WHEN grouping(k_{name}) = 0 THEN '{name}'" for name in dims)
-    xs = " ".join(f"WHEN grouping(k_{name}) = 0 THEN avg(x_{name})" for name in dims)
-    q = f"""
-        SELECT node_id, CASE {dim} END AS dim, CASE {xs} END AS x, count(*) AS n,
-               avg(y) AS y_mean, avg(r) AS rel_err, coalesce(stddev_samp(r), 0) AS rel_sd
-        FROM (
-            SELECT t.node_id, t.duration_s AS y, (t.duration_s - ({pred})) / t.duration_s AS r,
-                   {cols}
-            FROM {source}
-            WHERE t.run_id = ? AND coalesce({spec.valid}, false)
-        )
-        GROUP BY GROUPING SETS ({sets})
-        ORDER BY node_id, dim, x
-    """
-    return run.df(q, [*params, run.run_id])
-
-
-def _log_bin(col: str) -> str:
-    return f"floor(log2(greatest({col}, 1)) * {BINS_PER_OCTAVE})"
-
-
-def _sample(
-    run: Run,
-    source: str,
-    pred: str,
-    params: list[Any],
-    spec: PhaseSql,
-    counts: dict[int, int],
-    columns: str,
-    limit: int,
-) -> pl.DataFrame:
-    where, sparams = hash_sample("t.node_id, t.iter_id", counts, "t.node_id", limit)
-    q = f"""
-        SELECT t.node_id, t.iter_id, t.duration_s AS y, {pred} AS yhat, {columns}
-        FROM {source}
-        WHERE t.run_id = ? AND coalesce({spec.valid}, false) AND {where}
-        QUALIFY row_number() OVER (PARTITION BY t.node_id ORDER BY hash(t.node_id, t.iter_id)) <= ?
-        ORDER BY t.node_id, t.iter_id
-    """
-    return run.df(q, [*params, run.run_id, *sparams, limit])
 
 
 def _residual_traces(
@@ -174,21 +79,6 @@ def _zero_lines(fig: go.Figure, cols: tuple[int, ...]) -> None:
         fig.add_hline(y=0, line={"color": "#888", "width": 1, "dash": "dot"}, row=1, col=c)
 
 
-def _fits_or_message(
-    run: Run, fit: RunFit | None, phase: str, title: str
-) -> tuple[dict[int, PhaseFit], list[str]] | go.Figure:
-    """The phase's per-node fits, or a figure saying why there are none."""
-    if run.count(f"{phase}_iterations") == 0:
-        return no_data(title, run, f"no {phase} iterations logged in run {run.run_id}")
-    try:
-        fits, notes = _fits(run, fit, phase)
-    except FitInputError as exc:
-        return no_data(title, run, f"cannot fit run {run.run_id}: {exc}")
-    if not fits:
-        return no_data(title, run, f"no node's {phase} model could be fitted: " + "; ".join(notes))
-    return fits, notes
-
-
 def prefill_fit(
     db: Source,
     run_id: str | None = None,
@@ -201,34 +91,21 @@ def prefill_fit(
     `fit` reuses a `fit_run` result; `sample` caps the scatter points per node.
     """
     with open_run(db, run_id) as run:
-        got = _fits_or_message(run, fit, "prefill", PREFILL_TITLE)
-        if isinstance(got, go.Figure):
-            return got
-        fits, notes = got
-        spec = PHASE_SQL["prefill"]
-        source, pred, params = _model_sql(run, spec, fits)
-        stats = _binned(
-            run,
-            source,
-            pred,
-            params,
-            spec,
-            {
-                "tokens": (_log_bin("t.t_uc"), "t.t_uc::DOUBLE"),
-                "batch": ("t.num_reqs", "t.num_reqs::DOUBLE"),
-            },
-        )
-        counts = _counts(stats)
-        pts = _sample(
-            run,
-            source,
-            pred,
-            params,
-            spec,
-            counts,
-            "t.t_uc, t.attn_pairs, t.t_rst, t.num_reqs",
-            sample,
-        )
+        data = fit_data(run, "prefill", fit=fit, sample=sample)
+    return draw_prefill_fit(data)
+
+
+def draw_prefill_fit(data: FitData) -> go.Figure:
+    """The figure of `prefill_fit` from its data."""
+    if data.missing:
+        return no_data(PREFILL_TITLE, data.run_id, data.missing)
+    fits, notes, stats, pts, counts = (
+        data.fits,
+        data.not_fitted,
+        data.stats,
+        data.points,
+        data.counts,
+    )
     fig = make_subplots(
         rows=1,
         cols=3,
@@ -292,21 +169,15 @@ def prefill_fit(
     fig.update_xaxes(title_text="requests per prefill iteration", row=1, col=3)
     fig.update_yaxes(title_text="(measured − predicted) / measured (%)", row=1, col=2)
     note = (
-        f"{sum(counts.values()):,} iterations, up to {sample:,} points per node drawn; bars ±1 SD"
+        f"{sum(counts.values()):,} iterations, up to {data.sample:,} points per node drawn; "
+        "bars ±1 SD"
     )
     if notes:
         note += _not_fitted_note(notes)
-    fig = style(fig, PREFILL_TITLE, run, note, height=460)
+    fig = style(fig, PREFILL_TITLE, data.run_id, note, height=460)
     fig.update_layout(legend={"itemsizing": "constant"})
     fig.layout.meta["not_fitted"] = notes
     return fig
-
-
-def _counts(stats: pl.DataFrame) -> dict[int, int]:
-    """Rows per node (from one binning, which covers every row once)."""
-    first = stats["dim"][0] if stats.height else None
-    part = stats.filter(pl.col("dim") == first)
-    return {int(n): int(c) for n, c in part.group_by("node_id").agg(pl.col("n").sum()).iter_rows()}
 
 
 def decode_fit(
@@ -321,38 +192,22 @@ def decode_fit(
     The curve evaluates T_D(B) = d0 + d1·phi(B) + d2·B at each node's mean t_fwd.
     """
     with open_run(db, run_id) as run:
-        got = _fits_or_message(run, fit, "decode", DECODE_TITLE)
-        if isinstance(got, go.Figure):
-            return got
-        fits, notes = got
-        spec = PHASE_SQL["decode"]
-        source, pred, params = _model_sql(run, spec, fits)
-        stats = _binned(
-            run,
-            source,
-            pred,
-            params,
-            spec,
-            {
-                "batch": ("t.batch_size", "t.batch_size::DOUBLE"),
-                "tokens": (_log_bin("t.ctx_tokens"), "t.ctx_tokens::DOUBLE"),
-            },
-        )
-        counts = _counts(stats)
-        pts = _sample(
-            run, source, pred, params, spec, counts, "t.batch_size, t.t_fwd, t.ctx_tokens", sample
-        )
-        shape = {
-            int(r["node_id"]): (int(r["moe_top_k"] or 0), int(r["moe_experts"] or 0))
-            for r in run.nodes().iter_rows(named=True)
-        }
-        tf = dict(
-            run.rows(
-                "SELECT node_id, avg(t_fwd) FROM decode_iterations WHERE run_id = ? "
-                "GROUP BY node_id",
-                [run.run_id],
-            )
-        )
+        data = fit_data(run, "decode", fit=fit, sample=sample)
+    return draw_decode_fit(data)
+
+
+def draw_decode_fit(data: FitData) -> go.Figure:
+    """The figure of `decode_fit` from its data."""
+    if data.missing:
+        return no_data(DECODE_TITLE, data.run_id, data.missing)
+    fits, notes, stats, pts, counts = (
+        data.fits,
+        data.not_fitted,
+        data.stats,
+        data.points,
+        data.counts,
+    )
+    shape, tf = data.shapes, data.t_fwd
     fig = make_subplots(
         rows=1,
         cols=3,
@@ -445,7 +300,7 @@ def decode_fit(
     )
     if notes:
         note += _not_fitted_note(notes)
-    fig = style(fig, DECODE_TITLE, run, note, height=460)
+    fig = style(fig, DECODE_TITLE, data.run_id, note, height=460)
     fig.update_layout(legend={"itemsizing": "constant"})
     fig.layout.meta["not_fitted"] = notes
     return fig

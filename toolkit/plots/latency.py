@@ -1,12 +1,9 @@
 """TTFT and end-to-end latency distributions (SPEC §5 metrics; paper 000 §6 evaluation).
 
-TTFT = t_first_token − t_arrival and E2E = t_done − t_arrival of the requests that arrived
-after the warmup and finished, as in the run summary. Each panel is an empirical CDF on a
-log time axis, built in DuckDB from a fine log-binned histogram (`BINS_PER_DECADE` bins per
-decade; the CDF is exact at every bin edge), with dotted lines at the mean, P50 and P95.
-Quantiles are exact up to `EXACT_QUANTILE_ROWS` requests and otherwise come from a
-deterministic hash sample of that many requests (said in the subtitle). `by` draws one
-curve per prefill or decode node instead of one for all requests.
+Each panel is an empirical CDF on a log time axis, read from the log-binned histograms of
+`toolkit.queries.latency` (exact at every bin edge), with dotted lines at the mean, P50 and
+P95; the subtitle says when the quantiles come from a hash sample. `by` draws one curve per
+prefill or decode node instead of one for all requests.
 """
 
 from __future__ import annotations
@@ -18,18 +15,16 @@ import plotly.graph_objects as go
 import polars as pl
 from plotly.subplots import make_subplots
 
-from toolkit.plots.common import SAMPLE_MOD, Source, no_data, node_color, open_run, style
+from toolkit.plots.common import no_data, node_color, panel_message, style
+from toolkit.queries.latency import (
+    BINS_PER_DECADE,
+    MIN_LATENCY_S,
+    LatencyData,
+    latency_data,
+)
+from toolkit.queries.run import Source, open_run
 
 TITLE = "TTFT and E2E latency distributions"
-BINS_PER_DECADE = 50
-EXACT_QUANTILE_ROWS = 2_000_000
-MIN_LATENCY_S = 1e-6  # latencies at or below this land in the first bin
-METRICS = {"ttft": "t_first_token - t_arrival", "e2e": "t_done - t_arrival"}
-GROUPS = {
-    None: "'all'",
-    "prefill_node": "prefill_node::VARCHAR",
-    "decode_node": "decode_node::VARCHAR",
-}
 
 
 def latency_distributions(
@@ -40,62 +35,16 @@ def latency_distributions(
     include_warmup: bool = False,
 ) -> go.Figure:
     """Empirical CDFs of TTFT and E2E (all requests, or one curve per node with `by`)."""
-    if by not in GROUPS:
-        raise ValueError(f"by must be one of None, 'prefill_node', 'decode_node'; got {by!r}")
     with open_run(db, run_id) as run:
-        t0 = 0.0 if include_warmup else run.warmup_s()
-        base = f"""
-            SELECT {GROUPS[by]} AS g, {METRICS["ttft"]} AS ttft, {METRICS["e2e"]} AS e2e,
-                   hash(t_arrival, t_done) AS h
-            FROM requests
-            WHERE run_id = ? AND t_arrival >= ? AND t_done IS NOT NULL
-        """
-        # One scan: counts per (group, TTFT bin, E2E bin); each histogram is a roll-up.
-        joint = run.df(
-            f"""
-            SELECT g, {_bin("ttft")} AS k_ttft, {_bin("e2e")} AS k_e2e, count(*) AS n,
-                   count(ttft) AS n_ttft, sum(ttft) AS sum_ttft, sum(e2e) AS sum_e2e
-            FROM ({base}) GROUP BY ALL
-            """,
-            [run.run_id, t0],
-        )
-        if joint.is_empty():
-            when = "" if include_warmup else f" after the {t0:g} s warmup"
-            return no_data(TITLE, run, f"no finished requests{when} logged in run {run.run_id}")
-        total = int(joint["n"].sum())
-        keep = ""
-        if total > EXACT_QUANTILE_ROWS:
-            # The hash of the request's times picks the same sample on every call.
-            keep = f"WHERE h % {SAMPLE_MOD} < {int(SAMPLE_MOD * EXACT_QUANTILE_ROWS / total)}"
-        quantiles = run.df(
-            f"""
-            SELECT g, quantile_cont(ttft, [0.5, 0.95]) AS ttft_q,
-                   quantile_cont(e2e, [0.5, 0.95]) AS e2e_q
-            FROM ({base}) {keep} GROUP BY g
-            """,
-            [run.run_id, t0],
-        )
-    # Means and counts over all requests (not the sample), from the joint histogram's sums.
-    stats = (
-        joint.group_by("g")
-        .agg(
-            n=pl.col("n").sum(),
-            ttft_mean=pl.col("sum_ttft").sum() / pl.col("n_ttft").sum(),
-            e2e_mean=pl.col("sum_e2e").sum() / pl.col("n").sum(),
-        )
-        .join(quantiles, on="g", how="left")
-        .sort("g")
-    )
-    hist = pl.concat(
-        [
-            joint.filter(pl.col(f"k_{m}").is_not_null())
-            .group_by("g", f"k_{m}")
-            .agg(pl.col("n").sum())
-            .rename({f"k_{m}": "k"})
-            .with_columns(metric=pl.lit(m))
-            for m in ("ttft", "e2e")
-        ]
-    ).sort("g", "metric", "k")
+        data = latency_data(run, by=by, include_warmup=include_warmup)
+    return draw_latency(data)
+
+
+def draw_latency(data: LatencyData) -> go.Figure:
+    """The figure of `latency_distributions` from its data."""
+    if data.missing:
+        return no_data(TITLE, data.run_id, data.missing)
+    stats, hist, by, t0 = data.stats, data.hist, data.by, data.t0
     fig = make_subplots(
         rows=1,
         cols=2,
@@ -103,6 +52,7 @@ def latency_distributions(
         horizontal_spacing=0.09,
     )
     groups = stats["g"].to_list()
+    in_legend: set[str] = set()
     for gi, g in enumerate(groups):
         srow = stats.filter(pl.col("g") == g).row(0, named=True)
         color = "#1f77b4" if by is None else node_color(_node_index(g, gi))
@@ -124,13 +74,14 @@ def latency_distributions(
                     line={"color": color, "width": 2, "shape": "linear"},
                     name=label,
                     legendgroup=str(g),
-                    showlegend=col == 1,
+                    showlegend=str(g) not in in_legend,
                     meta={"metric": metric, "group": g, "requests": int(n[-1])},
                     hovertemplate="≤ %{x:.3g} s: %{y:.1%}<extra>" + label + "</extra>",
                 ),
                 row=1,
                 col=col,
             )
+            in_legend.add(str(g))
             q = srow[f"{metric}_q"] or [None, None]
             marks = {"mean": srow[f"{metric}_mean"], "P50": q[0], "P95": q[1]}
             if len(groups) == 1:
@@ -141,13 +92,15 @@ def latency_distributions(
         title_text="fraction of requests ≤ x", tickformat=".0%", range=[0, 1.02], row=1, col=1
     )
     fig.update_yaxes(tickformat=".0%", range=[0, 1.02], row=1, col=2)
+    if not int(stats["n_ttft"].sum()):
+        panel_message(fig, 1, 1, "no request logged t_first_token: TTFT unknown")
     all_n = int(stats["n"].sum())
     note = f"{all_n:,} finished requests" + (
-        "" if include_warmup else f" arriving after the {t0:g} s warmup"
+        "" if data.include_warmup else f" arriving after the {t0:g} s warmup"
     )
-    if keep:
-        note += f"; quantiles from a {EXACT_QUANTILE_ROWS:,}-request hash sample"
-    fig = style(fig, TITLE, run, note, height=440)
+    if data.sample_rows is not None:
+        note += f"; quantiles from a {data.sample_rows:,}-request hash sample"
+    fig = style(fig, TITLE, data.run_id, note, height=440)
     fig.layout.meta["stats"] = _stats_meta(stats)
     return fig
 
@@ -173,10 +126,6 @@ def _mark_stats(fig: go.Figure, marks: dict[str, float | None], col: int) -> Non
             row=1,
             col=col,
         )
-
-
-def _bin(col: str) -> str:
-    return f"floor(log10(greatest({col}, {MIN_LATENCY_S})) * {BINS_PER_DECADE})::INTEGER"
 
 
 def _fmt_s(v: float) -> str:

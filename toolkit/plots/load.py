@@ -1,15 +1,12 @@
 """Per-node queueing and load balance (SPEC §5 metrics; paper 000 §5.3 router, §6).
 
-Over the measured period (after the warmup unless `include_warmup`):
-- busy share: Σ iteration durations of each phase on the node / length of the period — how
-  evenly the router and decode binder spread work, and how busy each phase is;
-- prefill queue wait t_prefill_start − t_arrival of the requests each node prefilled, as box
-  statistics computed in DuckDB (box: quartiles, whiskers: P5–P95, ◆ mean);
-- mean queue wait per node over time (time-binned by arrival), which shows queues building
-  on some nodes, e.g. around phase switches (dotted lines);
-- the time-averaged running batch of each node's decode iterations, Σ B·T / Σ T.
-The subtitle gives the imbalance max/mean of the nodes' mean queue waits (as in the run
-summary's prefill_queue_imbalance) and of their decode batches.
+Four panels over the measured period, from `toolkit.queries.load`: the busy share of each
+node per phase (Σ iteration durations / length of the period); the prefill queue wait of the
+requests each node prefilled (box: quartiles, whiskers: P5–P95, ◆ mean); the mean queue wait
+per node over time (by arrival), which shows queues building on some nodes, e.g. around
+phase switches (dotted lines); and the time-averaged running batch of each node's decode
+iterations. The subtitle gives the imbalance max/mean of the nodes' mean queue waits and of
+their decode batches. A panel whose columns a log lacks says so.
 """
 
 from __future__ import annotations
@@ -18,25 +15,12 @@ import plotly.graph_objects as go
 import polars as pl
 from plotly.subplots import make_subplots
 
-from toolkit.plots.common import (
-    PHASE_COLORS,
-    Source,
-    no_data,
-    node_color,
-    open_run,
-    style,
-    switch_lines,
-    time_bin_width,
-)
+from toolkit.plots.common import PHASE_COLORS, no_data, node_color, panel_message, style
+from toolkit.queries.load import LoadData, load_data
+from toolkit.queries.run import Source, open_run
 
 TITLE = "Per-node queueing and load balance"
-
-
-def _imbalance(values: list[float]) -> float | None:
-    vals = [v for v in values if v is not None]
-    if not vals or sum(vals) <= 0:
-        return None
-    return max(vals) / (sum(vals) / len(vals))
+NO_WAITS = "no request logged both t_prefill_start and prefill_node:<br>queue waits unknown"
 
 
 def node_load(
@@ -44,57 +28,16 @@ def node_load(
 ) -> go.Figure:
     """Busy share, queue-wait distribution and trend per node, and decode batch per node."""
     with open_run(db, run_id) as run:
-        t0 = 0.0 if include_warmup else run.warmup_s()
-        t_end = run.t_end()
-        span = max(t_end - t0, 1e-9)
-        busy = run.df(
-            """
-            SELECT node_id, 'prefill' AS phase, sum(duration_s) AS busy_s FROM prefill_iterations
-            WHERE run_id = ? AND t_start >= ? GROUP BY ALL
-            UNION ALL
-            SELECT node_id, 'decode', sum(duration_s) FROM decode_iterations
-            WHERE run_id = ? AND t_start >= ? GROUP BY ALL
-            ORDER BY node_id, phase
-            """,
-            [run.run_id, t0, run.run_id, t0],
-        )
-        waits = run.df(
-            """
-            WITH w AS (
-                SELECT prefill_node AS node_id, t_arrival, t_prefill_start - t_arrival AS wait_s
-                FROM requests WHERE run_id = ? AND t_arrival >= ? AND t_prefill_start IS NOT NULL
-                  AND prefill_node IS NOT NULL
-            )
-            SELECT node_id, count(*) AS n, avg(wait_s) AS mean_s,
-                   quantile_cont(wait_s, [0.05, 0.25, 0.5, 0.75, 0.95]) AS q
-            FROM w GROUP BY node_id ORDER BY node_id
-            """,
-            [run.run_id, t0],
-        )
-        width = time_bin_width(span, bins)
-        trend = run.df(
-            """
-            SELECT prefill_node AS node_id, floor((t_arrival - ?) / ?) * ? + ? AS t_bin,
-                   avg(t_prefill_start - t_arrival) AS mean_s, count(*) AS n
-            FROM requests WHERE run_id = ? AND t_arrival >= ? AND t_prefill_start IS NOT NULL
-              AND prefill_node IS NOT NULL
-            GROUP BY ALL ORDER BY node_id, t_bin
-            """,
-            [t0, width, width, t0, run.run_id, t0],
-        )
-        batch = run.df(
-            """
-            SELECT node_id, sum(batch_size * duration_s) / sum(duration_s) AS mean_batch,
-                   count(*) AS iterations
-            FROM decode_iterations WHERE run_id = ? AND t_start >= ? GROUP BY 1 ORDER BY 1
-            """,
-            [run.run_id, t0],
-        )
-        lines = [t for t in switch_lines(run) if t >= t0]
-    if busy.is_empty() and waits.is_empty():
-        return no_data(
-            TITLE, run, f"no iterations or prefilled requests logged in run {run.run_id}"
-        )
+        data = load_data(run, bins=bins, include_warmup=include_warmup)
+    return draw_load(data)
+
+
+def draw_load(data: LoadData) -> go.Figure:
+    """The figure of `node_load` from its data."""
+    if data.missing:
+        return no_data(TITLE, data.run_id, data.missing)
+    busy, waits, trend, batch = data.busy, data.waits, data.trend, data.batch
+    span, width, lines, t0 = data.span_s, data.width_s, data.switch_times, data.t0
     fig = make_subplots(
         rows=2,
         cols=2,
@@ -184,11 +127,17 @@ def node_load(
     fig.update_yaxes(
         title_text="requests per iteration (time-weighted)", rangemode="tozero", row=2, col=2
     )
-    wait_imb = _imbalance(waits["mean_s"].to_list()) if waits.height else None
-    batch_imb = _imbalance(batch["mean_batch"].to_list()) if batch.height else None
-    scope = "whole run" if include_warmup else f"after the {t0:g} s warmup"
+    scope = "whole run" if data.include_warmup else f"after the {t0:g} s warmup"
+    if busy.is_empty():
+        panel_message(fig, 1, 1, "no prefill or decode iterations logged in the period")
+    if waits.is_empty():
+        panel_message(fig, 1, 2, NO_WAITS)
+        panel_message(fig, 2, 1, NO_WAITS)
+    if batch.is_empty():
+        panel_message(fig, 2, 2, "no decode iterations logged in the period")
+    wait_imb, batch_imb = data.wait_imbalance, data.batch_imbalance
     note = f"{scope}; imbalance max/mean: queue wait " + (f"{wait_imb:.2f}" if wait_imb else "n/a")
     note += ", decode batch " + (f"{batch_imb:.2f}" if batch_imb else "n/a")
-    fig = style(fig, TITLE, run, note, height=720)
+    fig = style(fig, TITLE, data.run_id, note, height=720)
     fig.layout.meta["imbalance"] = {"prefill_queue_wait": wait_imb, "decode_batch": batch_imb}
     return fig

@@ -2,9 +2,10 @@
 
 phi(B) = 1 − (1 − k/E)^(t_fwd·B) is the expected fraction of the E routed experts that the
 t_fwd·B tokens of a decode iteration select (k per token). One curve per distinct
-(k, E, t_fwd) among the run's nodes, t_fwd being each node's mean logged tokens per request
-per iteration (1 without speculative decoding); behind the curves, the share of decode
-iterations at each batch size, so one sees where on the curve the run operated.
+(k, E, t_fwd) among the run's nodes (`toolkit.queries.phi`); behind the curves, the share of
+decode iterations at each batch size, so one sees where on the curve the run operated; and,
+where the engines logged real routing (`experts_active`), the measured coverage per B as
+markers with ±1 standard deviation, against the modelled curve.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import numpy as np
 import plotly.graph_objects as go
 
 from models.iteration import phi
-from toolkit.plots.common import NODE_COLORS, Source, no_data, open_run, style
+from toolkit.plots.common import NODE_COLORS, no_data, style
+from toolkit.queries.phi import PhiData, phi_data
+from toolkit.queries.run import Source, open_run
 
 TITLE = "Expert coverage φ(B)"
 
@@ -24,27 +27,16 @@ def phi_curve(db: Source, run_id: str | None = None, *, max_batch: int | None = 
     `max_batch` sets the right end of B (default: 1.5x the largest logged batch, >= 64).
     """
     with open_run(db, run_id) as run:
-        nodes = run.nodes()
-        if nodes.is_empty():
-            return no_data(TITLE, run, f"no nodes rows (MoE shapes) logged in run {run.run_id}")
-        tf = dict(
-            run.rows(
-                "SELECT node_id, avg(t_fwd) FROM decode_iterations WHERE run_id = ? "
-                "GROUP BY node_id",
-                [run.run_id],
-            )
-        )
-        hist = run.rows(
-            "SELECT batch_size, count(*) FROM decode_iterations WHERE run_id = ? "
-            "GROUP BY batch_size ORDER BY batch_size",
-            [run.run_id],
-        )
-    groups: dict[tuple[int, int, float], list[int]] = {}
-    for r in nodes.iter_rows(named=True):
-        k, e = int(r["moe_top_k"] or 0), int(r["moe_experts"] or 0)
-        t_fwd = round(float(tf.get(r["node_id"]) or 1.0), 3)
-        groups.setdefault((k, e, t_fwd), []).append(int(r["node_id"]))
-    b_obs = max((int(b) for b, _ in hist), default=0)
+        data = phi_data(run)
+    return draw_phi(data, max_batch=max_batch)
+
+
+def draw_phi(data: PhiData, *, max_batch: int | None = None) -> go.Figure:
+    """The figure of `phi_curve` from its data."""
+    if data.missing:
+        return no_data(TITLE, data.run_id, data.missing)
+    hist = data.batch_hist
+    b_obs = max((b for b, _ in hist), default=0)
     b_max = max_batch or max(64, int(np.ceil(1.5 * b_obs)))
     grid = np.arange(1, b_max + 1, dtype=float)
     fig = go.Figure()
@@ -59,15 +51,12 @@ def phi_curve(db: Source, run_id: str | None = None, *, max_batch: int | None = 
                 hovertemplate="B=%{x}: %{y:.1%} of decode iterations<extra></extra>",
             )
         )
-    notes = []
-    for i, ((k, e, t_fwd), ids) in enumerate(sorted(groups.items())):
-        members = ", ".join(str(n) for n in ids)
+    for i, shape in enumerate(data.shapes):
+        k, e, t_fwd = shape.top_k, shape.num_experts, shape.t_fwd
+        members = ", ".join(str(n) for n in shape.nodes)
         if e == 0:
             y = np.zeros_like(grid)
             label = f"dense (φ ≡ 0) · nodes {members}"
-        elif not 0 < k <= e:
-            notes.append(f"nodes {members}: invalid MoE shape k={k}, E={e}")
-            continue
         else:
             y = np.asarray(phi(grid, k, e, t_fwd))
             label = f"k={k} of E={e}, t_fwd={t_fwd:g} · nodes {members}"
@@ -79,12 +68,27 @@ def phi_curve(db: Source, run_id: str | None = None, *, max_batch: int | None = 
                 line={"color": NODE_COLORS[i % len(NODE_COLORS)], "width": 2.5},
                 name=label,
                 yaxis="y2",
-                meta={"top_k": k, "num_experts": e, "t_fwd": t_fwd, "nodes": ids},
+                meta={"top_k": k, "num_experts": e, "t_fwd": t_fwd, "nodes": shape.nodes},
                 hovertemplate="B=%{x}<br>φ=%{y:.3f}<extra></extra>",
             )
         )
-    if len(fig.data) == (1 if total else 0):
-        return no_data(TITLE, run, "; ".join(notes) or "no MoE shapes to plot")
+        if shape.measured:
+            m = shape.measured
+            fig.add_trace(
+                go.Scatter(
+                    x=[p.batch_size for p in m],
+                    y=[p.mean for p in m],
+                    error_y={"type": "data", "array": [p.std for p in m]},
+                    customdata=[p.iterations for p in m],
+                    mode="markers",
+                    marker={"color": NODE_COLORS[i % len(NODE_COLORS)], "symbol": "x", "size": 9},
+                    name=f"measured: experts_active / E · nodes {members}",
+                    yaxis="y2",
+                    meta={"measured": True, "nodes": shape.nodes},
+                    hovertemplate="B=%{x}<br>measured φ=%{y:.3f} over %{customdata} "
+                    "iterations<extra></extra>",
+                )
+            )
     fig.update_layout(
         xaxis={"title": {"text": "running requests B"}},
         # The histogram sits on the base axis (drawn first, behind); the curves overlay it.
@@ -113,5 +117,7 @@ def phi_curve(db: Source, run_id: str | None = None, *, max_batch: int | None = 
         },
         bargap=0.1,
     )
-    note = "φ(B) = 1 − (1 − k/E)^(t_fwd·B)" + (" · " + "; ".join(notes) if notes else "")
-    return style(fig, TITLE, run, note, height=420)
+    note = "φ(B) = 1 − (1 − k/E)^(t_fwd·B)" + (
+        " · " + "; ".join(data.invalid) if data.invalid else ""
+    )
+    return style(fig, TITLE, data.run_id, note, height=420)

@@ -1,54 +1,41 @@
 """Planner gains per candidate split per window (paper 000 §5.2, Eq. 6; Alg. E.3 outer loop).
 
-Every planning window logs, per candidate prefill count, the mean and standard deviation of
-the per-slice throughput gains g_i = Θ(candidate) − Θ(current) over m slices. A candidate
-qualifies when mean(g) > 2·std(g)/√m, so the bars carry exactly that threshold as error
-bars: a bar whose lower whisker stays above zero qualified. Solid bars qualified, hatched
-ones did not; the chosen candidate (the qualifying one with the largest mean gain) has a
-black outline. Θ is in requests per second (μ = 1/T^req, Eq. 3–5).
+Bars are the mean gain mean(g) = Θ(candidate) − Θ(current) per candidate prefill count and
+window, with the gain test's threshold 2·std(g)/√m as error bars (from
+`toolkit.queries.planner`): a bar whose lower whisker stays above zero qualified. Solid bars
+qualified, hatched ones did not; the chosen candidate (the qualifying one with the largest
+mean gain) has a black outline. Θ is in requests per second (μ = 1/T^req, Eq. 3–5).
 """
 
 from __future__ import annotations
 
-import math
-
 import plotly.graph_objects as go
 import polars as pl
 
-from toolkit.plots.common import NODE_COLORS, Source, no_data, open_run, style
+from toolkit.plots.common import NODE_COLORS, no_data, style
+from toolkit.queries.planner import PlannerData, planner_data
+from toolkit.queries.run import Source, open_run
 
 TITLE = "Planner gain test per window (Eq. 6)"
-
-
-def gain_threshold(std_gain: float, slices: int) -> float:
-    """2·std/√m, the margin mean(g) must exceed (0 when there are no slices)."""
-    return 2.0 * std_gain / math.sqrt(slices) if slices > 0 else 0.0
 
 
 def planner_gains(db: Source, run_id: str | None = None) -> go.Figure:
     """Mean gain per candidate prefill count per window, with ±2σ/√m bars."""
     with open_run(db, run_id) as run:
-        rows = run.df(
-            "SELECT t, current_prefill, candidate_prefill, mean_gain, std_gain, slices, "
-            "qualified, chosen "
-            "FROM planner_windows WHERE run_id = ? ORDER BY t, candidate_prefill",
-            [run.run_id],
-        )
-        if rows.is_empty():
-            return no_data(
-                TITLE,
-                run,
-                f"no planner windows logged in run {run.run_id} "
-                "(static planner, or the run ended before the first window)",
-            )
+        data = planner_data(run)
+    return draw_planner(data)
+
+
+def draw_planner(data: PlannerData) -> go.Figure:
+    """The figure of `planner_gains` from its data."""
+    if data.missing:
+        return no_data(TITLE, data.run_id, data.missing)
+    rows = data.windows
     fig = go.Figure()
     windows = rows["t"].unique().sort().to_list()
     for i, cand in enumerate(rows["candidate_prefill"].unique().sort().to_list()):
         part = rows.filter(pl.col("candidate_prefill") == cand)
-        bars = [
-            gain_threshold(float(s), int(m))
-            for s, m in zip(part["std_gain"], part["slices"], strict=True)
-        ]
+        bars = part["threshold"].to_list()
         qualified = part["qualified"].to_list()
         chosen = part["chosen"].to_list()
         color = NODE_COLORS[i % len(NODE_COLORS)]
@@ -123,4 +110,4 @@ def planner_gains(db: Source, run_id: str | None = None) -> go.Figure:
         f"{len(windows)} windows, {num_switch} with a chosen switch · bars ±2σ/√m · "
         "solid: qualified, hatched: not, black outline: chosen"
     )
-    return style(fig, TITLE, run, note, height=440)
+    return style(fig, TITLE, data.run_id, note, height=440)

@@ -1,11 +1,11 @@
 """Lost KV reuse over time and per prefill node (SPEC §5 metrics; paper 000 §3.3, §6).
 
-h = Σt_c / Σt_in is the KV hit rate the run achieved (cached prefix used at prefill over
-input tokens), h* = Σt_ideal_c / Σt_in the ideal one (unlimited KV shared by all nodes, no
-switches: the prefix some earlier request produced), and lost KV reuse = 1 − h/h*. Sums run
-over the requests that started prefill and arrived after the warmup, as in the run summary;
-the time panels bin them by prefill start, the node panel by prefill node. Σ(t_ideal_c − t_c)
-is the number of input tokens prefilled again although their KV had existed.
+From `toolkit.queries.reuse`: the achieved hit rate h = Σt_c/Σt_in and the ideal one h* =
+Σt_ideal_c/Σt_in per time bin of prefill start (top left), the lost KV reuse 1 − h/h* per
+bin (bottom left), and h and h* per prefill node with each node's lost reuse (right). The
+hit-rate axes hug the data, with as many decimals in their tick labels as the data's spread
+needs: a run that loses 0.1% of its reuse shows that 0.1%. Without t_ideal_c in the log
+(another engine) the figure shows h and says why h* and lost reuse are missing.
 """
 
 from __future__ import annotations
@@ -16,34 +16,13 @@ import plotly.graph_objects as go
 import polars as pl
 from plotly.subplots import make_subplots
 
-from toolkit.plots.common import Run, Source, no_data, open_run, style, time_bin_width
+from toolkit.plots.common import no_data, panel_message, percent_axis, style
+from toolkit.queries.reuse import ReuseData, reuse_data
+from toolkit.queries.run import Source, open_run
 
 TITLE = "Lost KV reuse"
 COLORS = {"h": "#1f77b4", "h_star": "#7f7f7f", "lost": "#d62728"}
-
-
-def reuse_totals(run: Run, include_warmup: bool = False) -> dict[str, Any]:
-    """h, h*, lost KV reuse and token sums over the run's measured requests."""
-    t0 = 0.0 if include_warmup else run.warmup_s()
-    row = run.df(
-        """
-        SELECT count(*) AS requests, sum(t_in)::DOUBLE AS t_in, sum(t_c)::DOUBLE AS t_c,
-               sum(t_ideal_c)::DOUBLE AS t_ideal_c, count(t_ideal_c) AS with_ideal
-        FROM requests WHERE run_id = ? AND t_prefill_start IS NOT NULL AND t_arrival >= ?
-        """,
-        [run.run_id, t0],
-    ).row(0, named=True)
-    return {
-        **row,
-        **_rates(row["t_in"], row["t_c"], row["t_ideal_c"] if row["with_ideal"] else None),
-    }
-
-
-def _rates(t_in: float | None, t_c: float | None, t_ideal: float | None) -> dict[str, float | None]:
-    h = t_c / t_in if t_in and t_c is not None else None
-    h_star = t_ideal / t_in if t_in and t_ideal is not None else None
-    lost = 1.0 - h / h_star if h is not None and h_star else None
-    return {"h": h, "h_star": h_star, "lost": lost}
+NO_IDEAL = "t_ideal_c not logged:<br>h* and lost KV reuse unknown"
 
 
 def lost_kv_reuse(
@@ -51,31 +30,16 @@ def lost_kv_reuse(
 ) -> go.Figure:
     """h and h* over time, lost KV reuse 1 − h/h* over time, and both per prefill node."""
     with open_run(db, run_id) as run:
-        totals = reuse_totals(run, include_warmup)
-        if not totals["requests"]:
-            return no_data(
-                TITLE, run, f"no requests that started prefill logged in run {run.run_id}"
-            )
-        t0 = 0.0 if include_warmup else run.warmup_s()
-        width = time_bin_width(run.t_end(), bins)
-        where = "run_id = ? AND t_prefill_start IS NOT NULL AND t_arrival >= ?"
-        sums = (
-            "sum(t_in)::DOUBLE AS t_in, sum(t_c)::DOUBLE AS t_c, "
-            "sum(t_ideal_c)::DOUBLE AS t_ideal_c, count(*) AS n"
-        )
-        per_t = run.df(
-            f"SELECT floor(t_prefill_start / ?) * ? AS t, {sums} FROM requests WHERE {where} "
-            "GROUP BY 1 ORDER BY 1",
-            [width, width, run.run_id, t0],
-        )
-        per_node = run.df(
-            f"SELECT prefill_node AS node_id, {sums} FROM requests WHERE {where} "
-            "GROUP BY 1 ORDER BY 1",
-            [run.run_id, t0],
-        )
+        data = reuse_data(run, bins=bins, include_warmup=include_warmup)
+    return draw_reuse(data)
+
+
+def draw_reuse(data: ReuseData) -> go.Figure:
+    """The figure of `lost_kv_reuse` from its data."""
+    if data.missing:
+        return no_data(TITLE, data.run_id, data.missing)
+    totals, per_t, per_node, width = data.totals, data.per_t, data.per_node, data.width_s
     has_ideal = totals["with_ideal"] > 0
-    per_t = _with_rates(per_t)
-    per_node = _with_rates(per_node)
     fig = make_subplots(
         rows=2,
         cols=2,
@@ -110,13 +74,17 @@ def lost_kv_reuse(
             row=2,
             col=1,
         )
+    else:
+        panel_message(fig, 2, 1, NO_IDEAL)
     labels = [f"node {n}" if n is not None else "unknown" for n in per_node["node_id"].to_list()]
+    # Dots, not bars: the axis is zoomed to the data, where bars would exaggerate.
     fig.add_trace(
-        go.Bar(
+        go.Scatter(
             x=labels,
             y=per_node["h"].to_list(),
+            mode="markers",
             name="h per node",
-            marker={"color": COLORS["h"]},
+            marker={"color": COLORS["h"], "size": 11},
             showlegend=False,
             hovertemplate="%{x}: h %{y:.2%}<extra></extra>",
         ),
@@ -125,44 +93,45 @@ def lost_kv_reuse(
     )
     if has_ideal:
         fig.add_trace(
-            go.Bar(
+            go.Scatter(
                 x=labels,
                 y=per_node["h_star"].to_list(),
+                mode="markers+text",
                 name="h* per node",
-                marker={"color": COLORS["h_star"]},
+                marker={"color": COLORS["h_star"], "size": 20, "symbol": "line-ew-open"},
+                marker_line={"width": 3, "color": COLORS["h_star"]},
                 showlegend=False,
-                text=[f"lost {v:.1%}" if v is not None else "" for v in per_node["lost"].to_list()],
-                textposition="outside",
+                text=[lost_label(v) for v in per_node["lost"].to_list()],
+                textposition="top center",
                 textfont={"size": 10},
                 hovertemplate="%{x}: h* %{y:.2%}<extra></extra>",
             ),
             row=1,
             col=2,
         )
-    fig.update_layout(barmode="group", bargap=0.2)
-    fig.update_yaxes(title_text="hit rate (cached / input tokens)", tickformat=".0%", row=1, col=1)
-    fig.update_yaxes(title_text="lost KV reuse", tickformat=".1%", rangemode="tozero", row=2, col=1)
-    fig.update_yaxes(title_text="hit rate", tickformat=".0%", range=[0, 1.12], row=1, col=2)
+    rates = [*per_t["h"].to_list(), *(per_t["h_star"].to_list() if has_ideal else [])]
+    node_rates = [*per_node["h"].to_list(), *(per_node["h_star"].to_list() if has_ideal else [])]
+    lost = per_t["lost"].to_list() if has_ideal else []
+    fig.update_yaxes(
+        title_text="hit rate (cached / input tokens)", **percent_axis(rates), row=1, col=1
+    )
+    fig.update_yaxes(title_text="lost KV reuse", **percent_axis(lost, zero=True), row=2, col=1)
+    fig.update_yaxes(title_text="hit rate", **percent_axis(node_rates, headroom=0.15), row=1, col=2)
     fig.update_xaxes(title_text="prefill start time (s since run start)", row=2, col=1)
     fig.update_xaxes(matches="x3", row=1, col=1)
     fig.update_xaxes(title_text="prefill node", row=1, col=2)
-    note = _note(totals, t0, include_warmup)
-    fig = style(fig, TITLE, run, note, height=560)
+    fig = style(fig, TITLE, data.run_id, _note(totals, data.t0, data.include_warmup), height=560)
     fig.layout.meta["totals"] = {
         k: totals[k] for k in ("requests", "t_in", "t_c", "t_ideal_c", "h", "h_star", "lost")
     }
     return fig
 
 
-def _with_rates(df: pl.DataFrame) -> pl.DataFrame:
-    h = pl.col("t_c") / pl.col("t_in")
-    hs = pl.col("t_ideal_c") / pl.col("t_in")
-    return df.with_columns(
-        h=pl.when(pl.col("t_in") > 0).then(h),
-        h_star=pl.when(pl.col("t_in") > 0).then(hs),
-        lost=pl.when((pl.col("t_in") > 0) & (pl.col("t_ideal_c") > 0)).then(1 - h / hs),
-        lost_tokens=(pl.col("t_ideal_c") - pl.col("t_c")).clip(lower_bound=0).cast(pl.Int64),
-    )
+def lost_label(lost: float | None) -> str:
+    """'lost 3.2%', with two decimals below 1% (a 0.04% loss is not 'lost 0.0%')."""
+    if lost is None:
+        return ""
+    return f"lost {lost:.1%}" if abs(lost) >= 0.01 else f"lost {lost:.2%}"
 
 
 def _line(x: list[float], y: pl.Series, name: str, color: str, dash: str = "solid") -> go.Scatter:

@@ -5,9 +5,15 @@ that operator's panel over `pdlab serve` (SPEC §6): a card per node (phase, que
 requests, KV used in GPU and host memory) with a switch button, the PD split and rolling
 latency over time, the planner's mode (auto / advise / off) with its latest candidate gains
 (Eq. 6) and an "apply recommended split" button, and the router policy and copy price κ
-(Eq. 7). Every server error lands in the status line, never as a traceback. A background
-thread refreshes it every `refresh_s` seconds (`start()` / `stop()`); `refresh()` runs one
-update synchronously (tests, notebooks executed headless).
+(Eq. 7). Every server error lands in the status line, never as a traceback; so does a run
+the server stopped after a failure. A badge shows when the paced cluster falls behind the
+wall clock by more than `lag_warn_s` wall seconds (health's `lag_s`: the simulator cannot
+keep the requested speed on this machine). A background thread refreshes it every
+`refresh_s` seconds (`start()` / `stop()`); `refresh()` runs one update synchronously (tests,
+notebooks executed headless). The plots are filled from the whole timeline
+(`GET /v1/timeline`) and the planner's last evaluation on every refresh and shown as
+widget state (live_plot.LivePlot), so every view of them, one drawn later included (a cell
+scrolled back into view, a reopened notebook), draws them as they are.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import ipywidgets as w
 
 from toolkit.client import PdlabApiError, PdlabClient
 from toolkit.widgets import figures
+from toolkit.widgets.live_plot import LivePlot
 
 _PHASE_COLORS = {"prefill": figures.PREFILL_COLOR, "decode": figures.DECODE_COLOR}
 
@@ -89,16 +96,19 @@ class ClusterDashboard:
         token: str | None = None,
         refresh_s: float = 2.0,
         client: PdlabClient | None = None,
+        lag_warn_s: float = 2.0,
     ) -> None:
         if client is None:
             env = PdlabClient.from_env()
             client = PdlabClient(url or env.url, token if token is not None else env.token)
         self.client = client
         self.refresh_s = refresh_s
+        self.lag_warn_s = lag_warn_s
         self.last_error: str | None = None
         self.last_message: str | None = None
         self.state: dict[str, Any] | None = None
         self.planner_state: dict[str, Any] | None = None
+        self.health: dict[str, Any] | None = None
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -106,12 +116,17 @@ class ClusterDashboard:
         self.cards: dict[int, NodeCard] = {}
 
         self.header = w.HTML()
+        self.lag_badge = w.HTML()
+        self.lag_badge.add_class("pdlab-lag")
         self.status = w.HTML()
         self.status.add_class("pdlab-status")
         self.cards_box = w.HBox(layout=w.Layout(flex_flow="row wrap"))
         self.split_fig = figures.split_figure()
         self.latency_fig = figures.latency_figure()
         self.gains_fig = figures.gains_figure()
+        self.split_plot = LivePlot(self.split_fig)
+        self.latency_plot = LivePlot(self.latency_fig)
+        self.gains_plot = LivePlot(self.gains_fig)
         self.mode = w.ToggleButtons(options=["auto", "advise", "off"], description="planner")
         self.mode.observe(self._on_mode, names="value")
         self.apply_button = w.Button(description="apply recommended split", button_style="success")
@@ -126,13 +141,13 @@ class ClusterDashboard:
         )
         self.widget = w.VBox(
             [
-                self.header,
+                w.HBox([self.header, self.lag_badge]),
                 self.status,
                 self.cards_box,
-                w.HBox([self.split_fig, self.latency_fig]),
+                w.HBox([self.split_plot, self.latency_plot]),
                 w.HBox([self.mode, self.apply_button]),
                 self.recommendation,
-                self.gains_fig,
+                self.gains_plot,
                 w.HBox([self.policy, self.copy_price, self.router_button]),
             ]
         )
@@ -169,20 +184,38 @@ class ClusterDashboard:
             self.refresh()
 
     def refresh(self) -> bool:
-        """Fetch the cluster, timeline and planner state and redraw; False on a server error."""
+        """Fetch health, the cluster, its whole timeline and the planner state and redraw;
+        False on a server error."""
         with self._lock:
             try:
+                health = self.client.health()
                 state = self.client.cluster()
                 timeline = self.client.timeline()
                 planner = self.client.planner()
             except PdlabApiError as err:
                 self._error(f"cannot refresh: {err}")
                 return False
-            self.state, self.planner_state = state, planner
+            self.health, self.state, self.planner_state = health, state, planner
             self._draw(state, timeline, planner)
             if self.last_error and self.last_error.startswith("cannot refresh"):
                 self._clear_error()
+            self._draw_health(health)
             return True
+
+    def _draw_health(self, health: dict[str, Any]) -> None:
+        lag_s = float(health.get("lag_s") or 0.0)  # simulated seconds behind
+        speed = float(health.get("speed") or 1.0)
+        if lag_s / speed > self.lag_warn_s:
+            self.lag_badge.value = (
+                "<span style='background:#e65100;color:white;padding:2px 6px;"
+                "border-radius:3px;margin-left:8px'>"
+                f"⏱ {lag_s:.0f} simulated s behind the wall clock ({lag_s / speed:.1f} s "
+                f"at {speed:g}×): the simulator cannot keep this speed here</span>"
+            )
+        else:
+            self.lag_badge.value = ""
+        if health.get("status") == "error":
+            self._error(f"the run stopped after a failure: {health.get('error')}")
 
     def _draw(self, s: dict[str, Any], timeline: dict[str, Any], planner: dict[str, Any]) -> None:
         lat = s["latency"]
@@ -203,6 +236,8 @@ class ClusterDashboard:
         figures.update_latency(self.latency_fig, timeline["samples"])
         decision = planner.get("last_decision")
         figures.update_gains(self.gains_fig, decision)
+        for plot in (self.split_plot, self.latency_plot, self.gains_plot):
+            plot.redraw()
         self.recommendation.value = self._recommendation_text(planner, decision)
         self._syncing = True
         try:

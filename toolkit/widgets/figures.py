@@ -1,9 +1,9 @@
-"""Live plotly FigureWidgets of the dashboard: PD split, latency and planner gains.
+"""The dashboard's plotly figures: PD split, latency and planner gains.
 
-Each builder returns an empty `go.FigureWidget` and each updater rewrites its traces in one
-`batch_update`, so a refresh is one message to the browser. The gains plot shows paper 000
-Eq. 6: every candidate prefill count's mean gain with error bars of 2·std/√m (a candidate
-qualifies when its mean exceeds that bar).
+Each builder returns an empty `go.Figure` and each updater rewrites its traces in one
+`batch_update`; the dashboard shows each through a `live_plot.LivePlot`. The gains plot
+shows paper 000 Eq. 6: every candidate prefill count's mean gain with error bars of
+2·std/√m (a candidate qualifies when its mean exceeds that bar).
 """
 
 from __future__ import annotations
@@ -17,21 +17,21 @@ PREFILL_COLOR = "#1f77b4"
 DECODE_COLOR = "#ff7f0e"
 _LAYOUT = {
     "height": 260,
-    "width": 540,
+    "width": 510,  # two side by side fit a notebook beside the file browser
     "margin": {"l": 50, "r": 10, "t": 36, "b": 36},
     "template": "plotly_white",
 }
 
 
-def split_figure() -> go.FigureWidget:
-    fig = go.FigureWidget(layout={**_LAYOUT, "title": "PD split", "yaxis_title": "nodes"})
+def split_figure() -> go.Figure:
+    fig = go.Figure(layout={**_LAYOUT, "title": "PD split", "yaxis_title": "nodes"})
     for name, color in (("prefill", PREFILL_COLOR), ("decode", DECODE_COLOR)):
         fig.add_scatter(x=[], y=[], name=name, mode="lines", line={"shape": "hv", "color": color})
     fig.update_xaxes(title_text="simulated time (s)")
     return fig
 
 
-def update_split(fig: go.FigureWidget, split: list[dict[str, Any]], now: float) -> None:
+def update_split(fig: go.Figure, split: list[dict[str, Any]], now: float) -> None:
     if not split:
         return
     t = [s["t"] for s in split] + [now]
@@ -42,23 +42,23 @@ def update_split(fig: go.FigureWidget, split: list[dict[str, Any]], now: float) 
         fig.data[1].x, fig.data[1].y = t, d
 
 
-def latency_figure() -> go.FigureWidget:
-    fig = go.FigureWidget(layout={**_LAYOUT, "title": "latency (rolling)", "yaxis_title": "s"})
+def latency_figure() -> go.Figure:
+    fig = go.Figure(layout={**_LAYOUT, "title": "latency (rolling)", "yaxis_title": "s"})
     for name in ("TTFT p50", "TTFT p95", "E2E p50"):
         fig.add_scatter(x=[], y=[], name=name, mode="lines")
     fig.update_xaxes(title_text="simulated time (s)")
     return fig
 
 
-def update_latency(fig: go.FigureWidget, samples: dict[str, list[Any]]) -> None:
+def update_latency(fig: go.Figure, samples: dict[str, list[Any]]) -> None:
     t = samples.get("t", [])
     with fig.batch_update():
         for trace, key in zip(fig.data, ("ttft_p50_s", "ttft_p95_s", "e2e_p50_s"), strict=True):
             trace.x, trace.y = t, samples.get(key, [])
 
 
-def gains_figure() -> go.FigureWidget:
-    fig = go.FigureWidget(
+def gains_figure() -> go.Figure:
+    fig = go.Figure(
         layout={
             **_LAYOUT,
             "title": "planner candidates: mean gain ± 2·std/√m",
@@ -71,7 +71,7 @@ def gains_figure() -> go.FigureWidget:
     return fig
 
 
-def update_gains(fig: go.FigureWidget, decision: dict[str, Any] | None) -> None:
+def update_gains(fig: go.Figure, decision: dict[str, Any] | None) -> None:
     cands = (decision or {}).get("candidates") or []
     x = [c["prefill_count"] for c in cands]
     y = [c["mean_gain"] if c["mean_gain"] is not None else 0.0 for c in cands]

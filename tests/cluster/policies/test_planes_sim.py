@@ -8,24 +8,26 @@ import math
 import pytest
 
 from cluster.core import MemorySink
-from cluster.sim.engine import SimRequest
+from cluster.sim.entities import SimRequest
 from cluster.sim.simulator import SimConfig, Simulator
+from cluster.sim.unified_memory import UnifiedMemory
 
 
 def _check_pool(sim: Simulator) -> None:
     """Pool accounting: reservations are the running calls' tokens, pins their blocks."""
     for node in sim.nodes.values():
-        node.l1.check_invariants()
-        if not node.unified:
+        mem = node.memory
+        mem.l1.check_invariants()
+        if not isinstance(mem, UnifiedMemory):
             continue
         holders = node.prefilling + node.decode_batch + node.join_queue
-        assert node.l1.reserved_tokens == sum(r.kv_private for r in holders) + node.epoch_reserved
+        assert mem.pool.reserved_tokens == sum(r.kv_private for r in holders) + mem.epoch_reserved
         assert all(r.kv_private == 0 and not r.kv_pinned for r in node.queue)
         pins: dict[int, int] = {}
         for r in holders:
             for h in r.kv_pinned:
                 pins[h] = pins.get(h, 0) + 1
-        assert {h: e.pins for h, e in node.l1.entries.items() if e.pins} == pins
+        assert {h: e.pins for h, e in mem.pool.entries.items() if e.pins} == pins
 
 
 def test_retention_decides_reuse_across_tool_gaps(pressure_config):
@@ -47,7 +49,7 @@ def test_evict_always_leaves_no_private_kv_of_a_program_in_a_tool_gap(pressure_c
     for run in waiting:
         for _nodes, path in run.kv_paths.values():
             private = [h for h in path if sim.cp.directory.count(0, h) <= 1]
-            assert not any(h in node.l1.entries for h in private[-3:])
+            assert not any(h in node.memory.l1.entries for h in private[-3:])
         assert not run.pcb.kv_resident and not run.pcb.kv_protected
 
 
@@ -179,7 +181,7 @@ def test_tiered_cluster_with_a_retention_policy_protects_host_kv():
     protected = [
         h
         for n in sim.nodes.values()
-        for h, m in n.l2.meta.items()
+        for h, m in n.memory.l2.meta.items()
         if m[0] == math.inf  # type: ignore[attr-defined]
     ]
     assert protected

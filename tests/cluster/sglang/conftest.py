@@ -137,10 +137,11 @@ def live_cluster(tmp_path: Path):  # type: ignore[no-untyped-def]
     elsewhere (stand-in processes); node i is engines[i]. `standin` passes StandinEngine
     kwargs; other keywords are `ClusterSettings`.
     """
-    from cluster.sglang.backend import SGLangCluster
-    from cluster.sglang.cluster_file import ClusterConfig, ClusterSettings, EngineSpec
-    from cluster.sglang.serving import ServerThread, create_sglang_app
-    from cluster.sglang.standin import StandinEngine
+    from cluster.engines.standin.server import StandinEngine
+    from cluster.sglang.live.cluster import SGLangCluster
+    from cluster.sglang.live.cluster_file import ClusterConfig, ClusterSettings, EngineSpec
+    from cluster.sglang.live.serving import ServerThread
+    from toolkit.commands_serve_sglang import create_sglang_app
 
     made: list[LiveHarness] = []
 

@@ -4,7 +4,7 @@ lost (SPEC §6 must-shows).
 
 The collector-level faults (sequence gaps, a cut TCP connection, malformed frames, replay)
 are covered in test_sglang_collector_faults.py; here the whole cluster goes through them.
-Engines that die are real processes (`python -m cluster.sglang.standin`) killed with SIGKILL.
+Engines that die are real processes (`python -m cluster.engines.standin.server`) killed with SIGKILL.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from typing import Any
 import httpx
 import pytest
 
-from cluster.sglang.cluster_file import EngineSpec
-from cluster.sglang.standin import StandinEngine
-from cluster.sglang.toy_tokenizer import encode
+from cluster.engines.standin.server import StandinEngine
+from cluster.sglang.live.cluster_file import EngineSpec
+from cluster.sglang.wire.toy_tokenizer import encode
 from telemetry import open_reader
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -35,7 +35,7 @@ class StandinProcess:
 
     def __init__(self, role: str, time_scale: float, tmp: Path) -> None:
         cmd = [
-            sys.executable, "-m", "cluster.sglang.standin", "--role", role, "--port", "0",
+            sys.executable, "-m", "cluster.engines.standin.server", "--role", role, "--port", "0",
             "--bootstrap-port", "0", "--time-scale", str(time_scale),
             "--forward-metrics-endpoint", f"ipc://{tmp}/fpm-{role}",
         ]  # fmt: skip
@@ -175,6 +175,7 @@ def test_a_decode_engine_killed_mid_stream_ends_the_stream_with_a_clear_error(
     assert all("output_ids" in e for e in events[:-2]) and len(events) - 2 < 60
     with h.cluster.lock:
         assert 1 in h.cluster.cp.state.unavailable  # the only decode engine
+        assert h.cluster.cp.unavailable_reasons(1) == {"engine down"}
     r = httpx.post(f"{h.url}/generate", json={"text": "next"}, timeout=10)
     assert r.status_code == 503 and "no decode node is available" in r.json()["error"]["message"]
     assert fpm1.num_decode_rows == rows_before
@@ -216,7 +217,7 @@ def test_publisher_restart_and_malformed_frames_keep_the_directory_right(
         assert r.status_code == 200, r.text
 
     gen(old_prompt)
-    from cluster.hashing import token_block_hashes
+    from cluster.kv.hashing import token_block_hashes
 
     old_path = token_block_hashes(encode(old_prompt), bt)
     assert until(lambda: cp.directory.longest_prefix(old_path, [0]).per_node[0] == len(old_path))

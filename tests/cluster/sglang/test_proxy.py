@@ -13,8 +13,8 @@ from collections import Counter
 import httpx
 import pytest
 
-from cluster.hashing import token_block_hashes
-from cluster.sglang.toy_tokenizer import encode
+from cluster.kv.hashing import token_block_hashes
+from cluster.sglang.wire.toy_tokenizer import encode
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 6  # 270 bytes, 16 full pages
 
@@ -167,7 +167,7 @@ def test_a_dead_prefill_engine_is_marked_down_and_requests_retry(live_cluster, u
 
 
 def test_health_checks_mark_engines_down_and_up_again(live_cluster, until) -> None:  # type: ignore[no-untyped-def]
-    from cluster.sglang.standin import StandinEngine
+    from cluster.engines.standin.server import StandinEngine
 
     h = live_cluster(health_interval_s=0.1, health_failures=2)
     port = h.engines[1].port
@@ -196,7 +196,7 @@ def test_request_paths_match_the_blocks_the_engine_stored(
     chat = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 2}
     assert httpx.post(f"{h.url}/v1/chat/completions", json=chat, timeout=20).status_code == 200
     assert until(lambda: cp.directory.node_blocks(0) > 0)
-    from cluster.sglang.toy_tokenizer import chat_template
+    from cluster.sglang.wire.toy_tokenizer import chat_template
 
     path = token_block_hashes(encode(chat_template(chat["messages"])), cp.config.block_tokens)
     with cp.lock:

@@ -16,7 +16,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 
-from cluster.sglang.standin import StandinEngine
+from cluster.engines.standin.server import StandinEngine
 from telemetry import open_reader
 
 
@@ -152,6 +152,7 @@ def test_switches_the_engine_refuses_are_given_up_and_the_node_keeps_serving(
     assert not s1["ok"] and "no relaunch_command is configured" in s1["message"]
     with cp.lock:
         assert cp.switches == {} and cp.state.unavailable == set()
+        cp.check_invariants()  # the given-up switches were rolled back (cancel_switch)
         assert cp.state.phases == {0: "prefill", 1: "prefill", 2: "prefill", 3: "decode"}
     # The last decode node cannot switch; an unknown node is 404; a bad phase 422.
     r = httpx.post(f"{h.url}/v1/nodes/3/phase", json={"phase": "prefill"}, headers=h.auth)

@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 
 from cluster.core import ConfigError
-from cluster.sglang.cluster_file import (
+from cluster.engines.standin.server import StandinEngine
+from cluster.sglang.live.cluster_file import (
     EngineSpec,
     discover_engine,
     load_cluster_file,
     save_cluster_file,
     spec_from_server_info,
 )
-from cluster.sglang.standin import StandinEngine
 
 SGLANG_INFO = {  # the shape of SGLang 0.5.23's /server_info, trimmed to what is read
     "served_model_name": "Qwen/Qwen3-8B",
@@ -81,6 +81,7 @@ def test_discover_a_running_standin_and_round_trip_the_file(tmp_path: Path) -> N
             "unique",
         ),
         ("not json", "cannot read"),
+        ('[{"node_id": 0, "http_url": "http://a", "role": "both"}]', "role must be"),
     ],
 )
 def test_bad_cluster_files_say_what_is_wrong(tmp_path: Path, text: str, needle: str) -> None:
@@ -91,9 +92,9 @@ def test_bad_cluster_files_say_what_is_wrong(tmp_path: Path, text: str, needle: 
     assert needle in str(err.value)
 
 
-def test_discover_reports_an_unreachable_engine() -> None:
+def test_discover_reports_an_unreachable_engine(closed_port: int) -> None:
     with pytest.raises(ConfigError, match="server_info"):
-        discover_engine("http://127.0.0.1:9", node_id=0, timeout_s=1.0)
+        discover_engine(f"http://127.0.0.1:{closed_port}", node_id=0, timeout_s=1.0)
 
 
 # --- the live cluster file (TOML / JSON with [cluster] settings) -----------------------------
@@ -121,7 +122,7 @@ decode_cuda_graph_memory_gb = 3.5
 
 
 def test_toml_cluster_file_settings_and_engines(tmp_path: Path) -> None:
-    from cluster.sglang.cluster_file import ClusterSettings, load_cluster_config
+    from cluster.sglang.live.cluster_file import ClusterSettings, load_cluster_config
 
     path = tmp_path / "cluster.toml"
     path.write_text(TOML)
@@ -177,7 +178,7 @@ def test_toml_cluster_file_settings_and_engines(tmp_path: Path) -> None:
     ],
 )
 def test_bad_toml_cluster_files_say_what_is_wrong(tmp_path: Path, text: str, needle: str) -> None:
-    from cluster.sglang.cluster_file import load_cluster_config
+    from cluster.sglang.live.cluster_file import load_cluster_config
 
     path = tmp_path / "c.toml"
     path.write_text(text)
@@ -187,7 +188,7 @@ def test_bad_toml_cluster_files_say_what_is_wrong(tmp_path: Path, text: str, nee
 
 
 def test_discovery_fills_the_rest_and_refuses_a_role_mismatch() -> None:
-    from cluster.sglang.cluster_file import ClusterConfig
+    from cluster.sglang.live.cluster_file import ClusterConfig
 
     with StandinEngine("prefill", enable_pd_role_switch=True) as engine:
         ep = engine.endpoints
@@ -208,3 +209,24 @@ def test_discovery_fills_the_rest_and_refuses_a_role_mismatch() -> None:
     null = ClusterConfig((EngineSpec(node_id=0, http_url="http://127.0.0.1:9", role="null"),))
     with pytest.raises(ConfigError, match="server_info"):
         null.discovered(timeout_s=1.0)
+
+
+def test_block_tokens_come_from_the_settings_or_the_engines_page_size() -> None:
+    from cluster.sglang.live.cluster_file import ClusterConfig, ClusterSettings
+
+    def cfg(sizes: list[int | None], given: int | None = None) -> ClusterConfig:
+        engines = tuple(
+            EngineSpec(node_id=i, http_url=f"http://e{i}:1", block_size=b)
+            for i, b in enumerate(sizes)
+        )
+        return ClusterConfig(engines, ClusterSettings(block_tokens=given))
+
+    assert cfg([16, 16, None]).block_tokens() == 16
+    assert cfg([None], given=32).block_tokens() == 32
+    assert cfg([16], given=16).block_tokens() == 16
+    with pytest.raises(ConfigError, match=r"different KV block sizes \[16, 64\]"):
+        cfg([16, 64]).block_tokens()
+    with pytest.raises(ConfigError, match="no engine advertises its KV block size"):
+        cfg([None, None]).block_tokens()
+    with pytest.raises(ConfigError, match="block_tokens = 32 but the engines' page size is 16"):
+        cfg([16], given=32).block_tokens()

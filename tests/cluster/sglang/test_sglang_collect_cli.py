@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 from typer.testing import CliRunner
 
-from cluster.sglang.standin import StandinEngine
+from cluster.engines.standin.server import StandinEngine
 from telemetry import open_reader
 from toolkit.cli import app
 
@@ -69,7 +69,9 @@ def test_collect_kv_events_writes_every_event(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["run_id"] == "live-1" and summary["messages"] == published == 7
-    assert summary["messages_recovered"] == 2 and summary["messages_lost"] == 0
+    # The two early ones come only from the replay; on a loaded machine the collector may
+    # subscribe after the first live requests too, and recovers those as well: none is lost.
+    assert summary["messages_recovered"] >= 2 and summary["messages_lost"] == 0
     rows = open_reader(db).table("kv_events", run_id="live-1")
     assert rows.height == summary["rows"] > 0
     assert set(rows["node_id"].to_list()) == {3} and set(rows["kind"].to_list()) == {"stored"}

@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 from cluster.core import KVEvent, KVEventKind, MemorySink
-from cluster.sglang.kv_collector import KVEventCollector
-from cluster.sglang.publisher import ZmqBatchPublisher
-from cluster.sglang.wire import encode_batch
+from cluster.sglang.wire.kv_collector import KVEventCollector
+from cluster.sglang.wire.kv_events import encode_batch
+from cluster.sglang.wire.publisher import ZmqBatchPublisher
 from telemetry import TelemetryWriter, open_reader
 
 

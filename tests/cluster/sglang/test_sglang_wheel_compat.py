@@ -13,11 +13,11 @@ import time
 import msgspec
 
 from cluster.core import KVEvent, KVEventKind, MemorySink
-from cluster.sglang.forward_metrics import ForwardMetricsCollector
-from cluster.sglang.fpm import ForwardPassMetrics, ScheduledRequestMetrics, encode_fpm
-from cluster.sglang.kv_collector import KVEventCollector
-from cluster.sglang.standin import StandinEngine
-from cluster.sglang.wire import encode_batch
+from cluster.engines.standin.server import StandinEngine
+from cluster.sglang.wire.fpm import ForwardPassMetrics, ScheduledRequestMetrics, encode_fpm
+from cluster.sglang.wire.fpm_collector import ForwardMetricsCollector
+from cluster.sglang.wire.kv_collector import KVEventCollector
+from cluster.sglang.wire.kv_events import encode_batch
 
 
 def _free_port() -> int:

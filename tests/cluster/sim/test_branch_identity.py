@@ -12,7 +12,8 @@ from collections import Counter
 
 import pytest
 
-from cluster.sim.simulator import SimConfig, Simulator, branch_key
+from cluster.sim.entities import branch_key
+from cluster.sim.simulator import SimConfig, Simulator
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,10 @@ def observed():
     bad: list[tuple] = []
     outstanding: Counter = Counter()
     programs_per_branch: dict[str, set] = {}
-    begin, release, complete = sim._begin_request, sim._release, sim._complete
+    # The seams: the prefill stage's first chunk, the orchestrator's release of a turn and
+    # the engine's request-done signal.
+    prefill, orchestrator, engine = sim.engine.prefill, sim.orchestrator, sim.engine
+    begin, release, complete = prefill.begin_request, orchestrator._release, engine.on_request_done
 
     def on_begin(node, req):
         if not req.recompute and req.t_prefill_start is None:
@@ -65,7 +69,8 @@ def observed():
         outstanding[req.branch_id] -= 1
         return complete(req)
 
-    sim._begin_request, sim._release, sim._complete = on_begin, on_release, on_complete
+    prefill.begin_request, orchestrator._release = on_begin, on_release
+    engine.on_request_done = on_complete
     summary = sim.run()
     return sim, summary, seen["begin"], bad, programs_per_branch
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import telemetry
-from cluster.sim.profiles import PRESETS
+from cluster.hardware.profiles import PRESETS
 from cluster.sim.runner import simulate
 from cluster.sim.simulator import SimConfig
 from models import DecodeRegressor

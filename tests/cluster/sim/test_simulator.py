@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.control_plane import SwitchError
+from cluster.control.control_plane import SwitchError
 from cluster.core import ConfigError, MemorySink
 from cluster.sim.simulator import SimConfig, Simulator
 
@@ -262,3 +262,41 @@ def test_learning_period_shorter_than_the_warmup():
     ):
         with pytest.raises(ConfigError, match=msg):
             Simulator(dataclasses.replace(cfg, **bad))
+
+
+@pytest.mark.parametrize(("warmup", "learn"), [(1800.0, 300.0), (400.0, 300.0), (120.0, 120.0)])
+def test_learning_takes_a_few_minutes_by_default(warmup, learn):
+    """T_learn defaults to min(300 s, warmup), not the whole warmup: the gain planner
+    disaggregates (and its windows start) well before scoring does."""
+    cfg = SimConfig(workload="putnam", nodes=2, split="1P1D", agents=4, duration_s=warmup + 100,
+                    warmup_s=warmup, planner="gain", profile="h200", telemetry="compact")  # fmt: skip
+    assert cfg.learn_s is None and cfg.learn_period_s == learn
+    sim = Simulator(cfg)
+    sim.step_until(learn + 1.0)
+    assert sim.split_timeline[:2] == [(0.0, 2, 2), (learn, 1, 1)]  # collocated, then 1P1D
+    assert sim.warm  # the models were fitted at the end of learning
+    assert dataclasses.replace(cfg, learn_s=50.0).learn_period_s == 50.0
+
+
+def test_a_trace_with_arrival_times_replays_open_loop():
+    # The Azure slice's requests arrive at their recorded times; --agents (126 by default)
+    # must not add closed-loop programs on top (it did: finished programs were "replaced"
+    # by further trace programs, so the run served more requests than the trace holds).
+    trace = Path(__file__).parents[2] / "fixtures" / "traces" / "azure_code_head200.csv"
+    cfg = SimConfig(
+        workload=str(trace),
+        nodes=2,
+        split="collocated",
+        planner="static",
+        duration_s=150,
+        warmup_s=0,
+        telemetry="compact",
+    )
+    sim = Simulator(cfg, sink=MemorySink())
+    sim.run()
+    with trace.open() as f:
+        arrivals = [float(line.split(",")[0]) for line in list(f)[1:]]
+    expected = sum(1 for t in arrivals if t < cfg.duration_s)
+    assert 50 < expected < len(arrivals)
+    assert sim.orchestrator.arrivals == 0  # no closed-loop arrival at all
+    assert sorted(r.t_arrival for r in sim.requests) == sorted(t for t in arrivals if t < 150)

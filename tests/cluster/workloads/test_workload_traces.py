@@ -161,7 +161,7 @@ def test_mooncake_inconsistent_blocks_are_repaired_and_counted(tmp_path):
     huge.write_text(
         json.dumps({"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1 << 20]})
     )
-    with pytest.raises(ConfigError, match="too large"):
+    with pytest.raises(ConfigError, match=r"huge\.jsonl:1: hash_ids: holds 1048576 \(allowed"):
         make_workload(str(huge))
     broken = tmp_path / "broken.jsonl"
     broken.write_text(json.dumps(recs[0]) + "\n{not json\n")
@@ -252,3 +252,12 @@ def test_continuum_trajectories_become_programs_with_tool_timings():
     assert progs[0].turns[0].append[0] == progs[1].turns[0].append[0]
     assert progs[0].turns[0].append[0].seg_id < SHARED_SEGMENT_LIMIT
     check_disjoint(progs)
+
+
+def test_trace_last_arrival_is_none_without_arrival_times():
+    from cluster.workloads import trace_last_arrival_s
+
+    assert trace_last_arrival_s(FIXTURES / "mooncake_conversation_head300.jsonl") == 102.0
+    assert trace_last_arrival_s(FIXTURES / "mooncake_conversation_head300.jsonl", limit=10) == 0.0
+    assert trace_last_arrival_s(FIXTURES / "sweagent_turns_slice.jsonl") is None
+    assert trace_last_arrival_s("cc") is None

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from toolkit.plots import pd_split, planner_gains
-from toolkit.plots.planner import gain_threshold
+from toolkit.queries.planner import gain_threshold
 
 
 def _rows(db, sql: str) -> list[tuple]:

@@ -10,7 +10,7 @@ import pytest
 
 from telemetry import TelemetryError, TelemetryWriter, open_reader
 from toolkit.plots import FIGURES, is_empty, latency_distributions
-from toolkit.plots.common import time_bin_width
+from toolkit.queries.run import time_bin_width
 
 EMPTY_MESSAGES = {
     "split": "no nodes or phase switches",  # the empty run has nodes: see the test below

@@ -1,0 +1,210 @@
+"""What the control plane knows about nodes: reports, pending requests, the read-only view.
+
+Engines report their state at every iteration launch (paper 000 App. E.3); the router uses
+a report only if it is at most `max_report_age_s` (5 s) old, and adds the requests it sent to
+a node after that node's last report. Policies read a `ClusterView` and return decisions;
+they never mutate it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from cluster.core import BlockHash, Phase
+from cluster.kv.directory import KVDirectory
+from models import FetchModel, NodeModel, RequestWork
+
+# A node's prefill time for a request, (node model, t_uc, t_c) -> seconds, priced some other
+# way than Eq. 3 (the router's and the queue estimates' default).
+PrefillPredictor = Callable[[NodeModel, float, float], float]
+
+
+def form_prefill_time(model: NodeModel, t_uc: float, t_c: float) -> float:
+    """The node's fitted prefill form (models.forms) for one request: Eq. 3 plus the form's
+    extra terms (the floor's knee, c4 per cached token read, c5 for the experts touched),
+    as the planner prices it (NodeModel.prefill_request_time). Equal to Eq. 3 for a node on
+    the paper form."""
+    return model.prefill_request_time(RequestWork(max(t_uc, 0.0), max(t_c, 0.0)))
+
+
+class QueuedWork(NamedTuple):
+    """Prefill work of one queued (or sent) request as the router estimated it."""
+
+    request_id: str
+    t_uc: float
+    t_c: float
+
+
+@dataclass(frozen=True, slots=True)
+class NodeReport:
+    """A node's state at time `t` (an iteration launch)."""
+
+    node_id: int
+    t: float
+    phase: Phase
+    queued: tuple[QueuedWork, ...] = ()  # prefill queue, in order
+    remaining_s: float = 0.0  # T_rem: remaining time of the running prefill batch
+    running: int = 0  # requests running (prefill batch or decode batch)
+    # Request ids the node had received by `t`; None means every request sent up to `t`
+    # has arrived (the simulator's engines receive instantly).
+    seen: frozenset[str] | None = None
+    kv_gpu_used: int = 0
+    kv_gpu_capacity: int = 0
+    kv_host_used: int = 0
+    kv_host_capacity: int = 0
+
+
+class RouteRequest(NamedTuple):
+    """What the router knows about a request: never its output length."""
+
+    request_id: str
+    program_id: str
+    branch_id: str
+    path: Sequence[BlockHash]  # full-page block hashes of its input
+    t_in: int  # input tokens
+    now: float
+
+
+class RouteDecision(NamedTuple):
+    node_id: int
+    policy: str
+    predicted_ttft_s: float | None
+    cached_tokens: int  # prefix the node holds itself
+    fetch_tokens: int  # prefix it must fetch from another node's host memory (x_n)
+
+
+@dataclass(slots=True)
+class ClusterState:
+    """Mutable state the control plane maintains; policies see it through `ClusterView`."""
+
+    phases: dict[int, Phase]
+    models: dict[int, NodeModel]
+    directory: KVDirectory
+    fetch: FetchModel = field(default_factory=FetchModel)
+    copy_price_s_per_token: float = 0.0
+    kv_fetch: str = "async"  # "async" | "sync" | "none"
+    max_report_age_s: float = 5.0
+    reports: dict[int, NodeReport] = field(default_factory=dict)
+    # node -> request id -> (sent time, work) for requests not yet seen in a report
+    sent: dict[int, dict[str, tuple[float, QueuedWork]]] = field(default_factory=dict)
+    unavailable: set[int] = field(default_factory=set)  # switching or relaunching nodes
+    decode_load: dict[int, int] = field(default_factory=dict)  # bound, unfinished requests
+    queue_memo: dict[int, tuple[NodeReport, float]] = field(default_factory=dict)
+    # node -> its prefill predictor; nodes without one are priced with Eq. 3
+    prefill_predictors: dict[int, PrefillPredictor] = field(default_factory=dict)
+
+    def nodes_in(self, phase: Phase) -> list[int]:
+        return sorted(n for n, p in self.phases.items() if p == phase and n not in self.unavailable)
+
+    def report(self, r: NodeReport) -> None:
+        self.reports[r.node_id] = r
+        sent = self.sent.get(r.node_id)
+        if sent:
+            if r.seen is None:
+                gone = [rid for rid, (ts, _) in sent.items() if ts <= r.t]
+            else:
+                # A request missing from reports for a minute is presumed lost or finished.
+                gone = [rid for rid, (ts, _) in sent.items() if rid in r.seen or ts < r.t - 60.0]
+            for rid in gone:
+                del sent[rid]
+
+    def set_prefill_predictor(self, node: int, predictor: PrefillPredictor | None) -> None:
+        """Price `node`'s prefill with `predictor` (None: Eq. 3); its memoized queue
+        estimate was priced the old way."""
+        if predictor is None:
+            self.prefill_predictors.pop(node, None)
+        else:
+            self.prefill_predictors[node] = predictor
+        self.queue_memo.pop(node, None)
+
+    def record_sent(self, node: int, work: QueuedWork, t: float) -> None:
+        self.sent.setdefault(node, {})[work.request_id] = (t, work)
+
+    def fresh_report(self, node: int, now: float) -> NodeReport | None:
+        r = self.reports.get(node)
+        if r is None or now - r.t > self.max_report_age_s:
+            return None
+        return r
+
+    def pending(self, node: int) -> list[QueuedWork]:
+        return [w for _, w in self.sent.get(node, {}).values()]
+
+
+class ClusterView:
+    """Read-only access to `ClusterState` for policies."""
+
+    __slots__ = ("_s",)
+
+    def __init__(self, state: ClusterState) -> None:
+        self._s = state
+
+    @property
+    def directory(self) -> KVDirectory:
+        return self._s.directory
+
+    @property
+    def fetch(self) -> FetchModel:
+        return self._s.fetch
+
+    @property
+    def copy_price_s_per_token(self) -> float:
+        return self._s.copy_price_s_per_token
+
+    @property
+    def kv_fetch(self) -> str:
+        return self._s.kv_fetch
+
+    @property
+    def phases(self) -> Mapping[int, Phase]:
+        return self._s.phases
+
+    def nodes_in(self, phase: Phase) -> list[int]:
+        return self._s.nodes_in(phase)
+
+    def model(self, node: int) -> NodeModel:
+        return self._s.models[node]
+
+    def fresh_report(self, node: int, now: float) -> NodeReport | None:
+        return self._s.fresh_report(node, now)
+
+    def pending(self, node: int) -> list[QueuedWork]:
+        return self._s.pending(node)
+
+    def queued_time(self, node: int, report: NodeReport) -> float:
+        """Sum of Eq. 3 over a report's queue (memoized per report)."""
+        memo = self._s.queue_memo
+        got = memo.get(node)
+        if got is not None and got[0] is report:
+            return got[1]
+        total = sum(self.prefill_time(node, q.t_uc, q.t_c) for q in report.queued)
+        memo[node] = (report, total)
+        return total
+
+    def decode_load(self, node: int) -> int:
+        return self._s.decode_load.get(node, 0)
+
+    def outstanding(self, node: int, now: float) -> int:
+        """Requests queued or running on the node per its fresh report, plus pending ones."""
+        r = self.fresh_report(node, now)
+        base = 0 if r is None else len(r.queued) + r.running
+        return base + len(self._s.sent.get(node, {}))
+
+    def prefill_time(self, node: int, t_uc: float, t_c: float) -> float:
+        """Eq. 3 for a request with t_uc uncached and t_c cached tokens on `node`, or the
+        node's prefill predictor where it has one."""
+        m = self._s.models[node]
+        predictor = self._s.prefill_predictors.get(node)
+        if predictor is not None:
+            return predictor(m, t_uc, t_c)
+        p = m.prefill
+        t_uc = max(t_uc, 0.0)
+        t_c = max(t_c, 0.0)
+        a = t_uc * t_c + t_uc * (t_uc + 1.0) / 2.0
+        return (
+            p.c0 * t_uc / m.mean_new_tokens
+            + p.c1 * t_uc
+            + p.c2 * a
+            + p.c3 * m.restore_fraction * t_c
+        )

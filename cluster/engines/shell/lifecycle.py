@@ -1,0 +1,266 @@
+"""One engine process without its scheduler: publishers, servers, state and generation plumbing.
+
+`EngineShell.start` opens the ZMQ publishers (KV events with SGLang's replay ROUTER; forward
+pass metrics on the given endpoint or, as SGLang does by default, an IPC socket
+"{ipc_name}.{dp_rank}"), binds the HTTP server, builds the scheduler (`_build_scheduler`),
+serves the PD bootstrap server when the engine may act as a prefill (`_bootstrap_app`),
+then starts the scheduler and the HTTP API (`_http_app`); `stop` winds them down in
+reverse. An engine subclasses it with what differs: its scheduler, its requests and what
+its prefill hands to decode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any, Generic, Literal, NamedTuple, Protocol, TypedDict, TypeVar, Unpack
+
+import httpx
+from fastapi import FastAPI
+
+from cluster.engines.shell.loopback import LoopbackServer
+from cluster.engines.shell.scheduling import Finish, OnUpdate, Role, SchedulerThread, check_role
+from cluster.sglang.wire.publisher import ZmqBatchPublisher
+
+S = TypeVar("S", bound=SchedulerThread[Any])
+Update = tuple[list[int], "Finish | None", int]  # (output ids so far, finish, cached tokens)
+
+
+class EngineEndpoints(NamedTuple):
+    """Where a started engine listens (ports resolved)."""
+
+    http_url: str
+    kv_events: str | None
+    kv_replay: str | None
+    forward_metrics: str | None
+    bootstrap_port: int | None
+
+
+class ShellOptions(TypedDict, total=False):
+    """Where an engine listens and what it publishes (every key optional)."""
+
+    host: str  # default 127.0.0.1
+    port: int  # HTTP; 0 picks a free one
+    kv_events: bool  # publish KV events (default True)
+    kv_events_endpoint: str | None  # default tcp://{host}:0
+    kv_replay_endpoint: str | None  # default tcp://{host}:0
+    kv_topic: str
+    forward_metrics: bool  # publish forward-pass metrics (default True)
+    forward_metrics_endpoint: str | None  # default: the engine's `fpm_default`
+    bootstrap_port: int  # 0 picks a free one
+    enable_pd_role_switch: bool  # default False
+
+
+T = TypeVar("T")
+# (client, bootstrap host, bootstrap port, room, timeout_s) -> what the prefill left
+FetchRoom = Callable[[httpx.AsyncClient, str, int, int, float], Awaitable[T]]
+
+
+class _Progress(Protocol):
+    cached_tokens: int
+
+
+class EngineShell(Generic[S]):
+    """Lifecycle and shared state of one engine (module docstring); `S` is its scheduler."""
+
+    server_name = "engine's HTTP server"  # as a failed start names it
+    # Where forward-pass metrics go by default: SGLang's IPC socket, or TCP on `host`.
+    fpm_default: Literal["ipc", "tcp"] = "ipc"
+
+    def __init__(
+        self, role: Role, *, transfer_timeout_s: float, **options: Unpack[ShellOptions]
+    ) -> None:
+        unknown = sorted(set(options) - ShellOptions.__optional_keys__)
+        if unknown:
+            allowed = ", ".join(sorted(ShellOptions.__optional_keys__))
+            raise TypeError(f"unknown engine options {unknown}; allowed: {allowed}")
+        self.role: Role = check_role(role)
+        host = self.host = options.get("host", "127.0.0.1")
+        self.port = options.get("port", 0)
+        self.kv_events = options.get("kv_events", True)
+        self.kv_events_endpoint = options.get("kv_events_endpoint") or f"tcp://{host}:0"
+        self.kv_replay_endpoint = options.get("kv_replay_endpoint") or f"tcp://{host}:0"
+        self.kv_topic = options.get("kv_topic", "")
+        self.forward_metrics = options.get("forward_metrics", True)
+        fpm = options.get("forward_metrics_endpoint")
+        self.forward_metrics_endpoint = fpm or (
+            f"tcp://{host}:0" if self.fpm_default == "tcp" else None
+        )
+        self.bootstrap_port = options.get("bootstrap_port", 0)
+        self.enable_pd_role_switch = options.get("enable_pd_role_switch", False)
+        self.transfer_timeout_s = transfer_timeout_s
+        self.kv_publisher: ZmqBatchPublisher | None = None
+        self.fpm_publisher: ZmqBatchPublisher | None = None
+        self.scheduler: S | None = None
+        self.endpoints: EngineEndpoints | None = None
+        self._fpm_dir: tempfile.TemporaryDirectory[str] | None = None
+        self._http: LoopbackServer | None = None
+        self._bootstrap: LoopbackServer | None = None
+        self._client: httpx.AsyncClient | None = None  # used on the HTTP server's loop only
+        self._inflight = 0
+        self._inflight_lock = threading.Lock()
+        self._started_at = 0.0
+
+    # ---- what an engine supplies ----------------------------------------------------------
+    def _build_scheduler(self) -> S:
+        """The scheduler, once the HTTP port (and so the worker id) is known."""
+        raise NotImplementedError
+
+    def _http_app(self) -> FastAPI:
+        raise NotImplementedError
+
+    def _bootstrap_app(self) -> FastAPI:
+        raise NotImplementedError
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    def start(self) -> EngineEndpoints:
+        if self.kv_events:
+            self.kv_publisher = ZmqBatchPublisher(
+                self.kv_events_endpoint,
+                replay_endpoint=self.kv_replay_endpoint,
+                topic=self.kv_topic,
+            )
+        if self.forward_metrics:
+            endpoint = self.forward_metrics_endpoint
+            if endpoint is None:  # SGLang's default: an IPC socket "{ipc_name}.{dp_rank}"
+                self._fpm_dir = tempfile.TemporaryDirectory(prefix="pdlab-fpm-")
+                endpoint = f"ipc://{Path(self._fpm_dir.name) / 'fpm'}.0"
+            self.fpm_publisher = ZmqBatchPublisher(endpoint)
+        self._http = LoopbackServer(self._http_app(), self.host, self.port, name=self.server_name)
+        self.port = self._http.port
+        self.scheduler = self._build_scheduler()
+        if self.role == "prefill" or (self.role != "null" and self.enable_pd_role_switch):
+            self._bootstrap = LoopbackServer(
+                self._bootstrap_app(), self.host, self.bootstrap_port, name=self.server_name
+            )
+            self.bootstrap_port = self._bootstrap.port
+            self._bootstrap.start()
+        self.scheduler.start()
+        self._http.start()
+        self._started_at = time.time()
+        self.endpoints = EngineEndpoints(
+            f"http://{self.host}:{self.port}",
+            self.kv_publisher.endpoint if self.kv_publisher else None,
+            self.kv_publisher.replay_endpoint if self.kv_publisher else None,
+            self.fpm_publisher.endpoint if self.fpm_publisher else None,
+            self.bootstrap_port if self._bootstrap else None,
+        )
+        return self.endpoints
+
+    def stop(self) -> None:
+        servers = [s for s in (self._http, self._bootstrap) if s is not None]
+        for server in servers:  # both wind down at once
+            server.request_stop()
+        for server in servers:
+            server.stop()
+        if self.scheduler is not None:
+            self.scheduler.stop()
+        for pub in (self.kv_publisher, self.fpm_publisher):
+            if pub is not None:
+                pub.close()
+        if self._fpm_dir is not None:
+            self._fpm_dir.cleanup()
+
+    def __enter__(self) -> EngineShell[S]:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- state ----------------------------------------------------------------------------
+    @property
+    def sched(self) -> S:
+        if self.scheduler is None:
+            raise RuntimeError("the engine has not started")
+        return self.scheduler
+
+    @property
+    def inflight(self) -> int:
+        """HTTP generation requests being answered."""
+        return self._inflight
+
+    def track(self, delta: int) -> None:
+        """An answer starts (+1) or ends (-1): a role switch needs none in progress."""
+        with self._inflight_lock:
+            self._inflight += delta
+
+    def is_fully_idle(self) -> bool:
+        return self._inflight == 0 and self.sched.is_idle()
+
+    def healthy(self) -> bool:
+        """What GET /health says: the scheduler thread runs."""
+        return self.sched.alive
+
+    def kv_events_info(self, page_size: int) -> tuple[str | None, dict[str, Any] | None]:
+        """/server_info's `kv_events_config` (JSON) and `kv_events` descriptor, as SGLang's."""
+        pub = self.kv_publisher
+        if pub is None:
+            return None, None
+        kv_cfg = json.dumps({"publisher": "zmq", "endpoint": pub.endpoint,
+                             "replay_endpoint": pub.replay_endpoint, "topic": self.kv_topic,
+                             "bind": True})  # fmt: skip
+        host, port = _host_port(pub.endpoint)
+        descriptor: dict[str, Any] = {"publisher": "zmq", "endpoint_host": host,
+                                      "endpoint_port_base": port, "topic": self.kv_topic,
+                                      "block_size": page_size, "dp_size": 1}  # fmt: skip
+        if pub.replay_endpoint:
+            descriptor["replay_endpoint_port_base"] = _host_port(pub.replay_endpoint)[1]
+        return kv_cfg, descriptor
+
+    # ---- generation -----------------------------------------------------------------------
+    async def pd_handoff(
+        self, role: Role, rid: str, body: dict[str, Any], fetch: FetchRoom[T]
+    ) -> tuple[T | None, Finish | None]:
+        """(what the prefill left, refusal) for one request: SGLang's abort of a PD request
+        without a bootstrap room; on a decode engine, `fetch` of the room from the bootstrap
+        server the request names (an abort with status 500 when that fails)."""
+        room = body.get("bootstrap_room")
+        if role != "null" and room is None:
+            msg = f"Disaggregated request received without bootstrap room id. req.rid={rid!r}"
+            return None, {"type": "abort", "message": f"Invalid request: {msg}", "status_code": 400}
+        if role != "decode":
+            return None, None
+        host = str(body.get("bootstrap_host") or "127.0.0.1")  # SGLang's defaults
+        port = int(body.get("bootstrap_port") or 8998)
+        room_id = int(body["bootstrap_room"])  # present: checked above
+        try:
+            got = await fetch(
+                self._bootstrap_client(), host, port, room_id, self.transfer_timeout_s
+            )
+        except (httpx.HTTPError, RuntimeError, TimeoutError, ValueError) as e:
+            return None, {"type": "abort", "message": str(e), "status_code": 500}
+        return got, None
+
+    def _bootstrap_client(self) -> httpx.AsyncClient:
+        """One client for the decode side's bootstrap calls (building one costs ~40 ms)."""
+        if self._client is None or self._client.is_closed:
+            self._client = httpx.AsyncClient()
+        return self._client
+
+    @staticmethod
+    async def updates(submit: Callable[[OnUpdate], _Progress]) -> AsyncIterator[Update]:
+        """Submit a request built around an `OnUpdate` and yield its updates on this loop."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[list[int], Finish | None]] = asyncio.Queue()
+
+        def on_update(ids: list[int], fin: Finish | None) -> None:
+            # Called on the scheduler thread: hand the update to this request's event loop.
+            loop.call_soon_threadsafe(queue.put_nowait, (ids, fin))
+
+        req = submit(on_update)
+        while True:
+            ids, fin = await queue.get()
+            yield ids, fin, req.cached_tokens
+            if fin is not None:
+                return
+
+
+def _host_port(endpoint: str) -> tuple[str, int]:
+    host, _, port = endpoint.split("://", 1)[1].rpartition(":")
+    return host, int(port)

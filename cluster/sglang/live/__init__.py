@@ -1,0 +1,10 @@
+"""The live adapter of SGLang-speaking engines (SPEC §6): `cluster.SGLangCluster` is a
+`ClusterEngines` (cluster.control.engines) over a cluster file's engines, built from
+`cluster_file` (discovery), `fleet` (per-engine state, collectors, health), `kv_sync` (the
+engines' KV usage, branch counts pushed to their eviction), `telemetry_run`, the PD
+data-plane proxy (`proxy`, with `live_request`, `inflight`, `engine_calls`), role switches
+(`role_switch`), online refits (`online_fit`) and `serving` (its routes, a loopback server);
+`launched.LaunchedCluster` also starts and stops the engine processes from a command
+template (`pdlab serve --engines torch`); `agent_client` plays agent programs through the
+proxy and `agent_loop` keeps a workload's agents playing from a background thread. It
+imports no server and no engine."""

@@ -1,0 +1,33 @@
+"""An engine model with vLLM V1 scheduling semantics, priced by measured operator timings.
+
+- `sequence.EngineRequest`: one request's progress (tokens computed, generated, KV blocks);
+- `block_pool.BlockPool`: the engine's KV capacity in blocks, allocated as tokens grow;
+- `scheduler.StepScheduler`: one iteration's batch under `max_num_seqs` and the token budget
+  `max_num_batched_tokens` (running requests first, then waiting ones FCFS, chunked
+  prefill), with recompute preemption when KV runs out;
+- `replay.replay`: a standalone event loop over one engine per DP rank, each iteration
+  priced by `cluster.hardware.pricer.IterationPricer` (the twin, `pdlab twin`).
+"""
+
+from cluster.sim.engine_model.block_pool import BlockPool
+from cluster.sim.engine_model.replay import (
+    EngineReplay,
+    IterationOverhead,
+    ReplayRequest,
+    replay,
+    replay_engine,
+)
+from cluster.sim.engine_model.scheduler import ScheduledBatch, StepScheduler
+from cluster.sim.engine_model.sequence import EngineRequest
+
+__all__ = [
+    "BlockPool",
+    "EngineReplay",
+    "EngineRequest",
+    "IterationOverhead",
+    "ReplayRequest",
+    "ScheduledBatch",
+    "StepScheduler",
+    "replay",
+    "replay_engine",
+]

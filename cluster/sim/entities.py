@@ -1,0 +1,207 @@
+"""The simulator's entities: calls, decode epochs and program runs (paper 003 §3.2).
+
+A `SimRequest` is one LLM call of a program (a turn): its context path, token counts and
+the times it passes through the cluster; `t_out` stays hidden from every policy. A
+`DecodeEpoch` is a run of decode iterations over a fixed batch. A `ProgramRun` is the
+execution state of one agent program, the engine-side half of its Program Control Block
+(the policy-visible half is `cluster.policies.pcb.ProgramControlBlock`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cluster.core import BlockHash
+from cluster.kv.hashing import ContextHasher
+from cluster.policies.pcb import ProgramControlBlock
+from cluster.workloads.program import Program
+
+
+def branch_key(program_id: str, branch: str) -> str:
+    """The cluster-wide branch ID the simulated harness tags requests with.
+
+    Workloads name branches within their program ('root', 'sub0.1'); the control plane's
+    branch table (Alg. E.1) needs IDs unique across the cluster, as a live harness sends.
+    """
+    return f"{program_id}/{branch}"
+
+
+class SimRequest:
+    """One LLM request (a turn). `t_out` is hidden from policies: only the engine reads it."""
+
+    __slots__ = (
+        "attn_pairs",
+        "branch_id",
+        "decode_left",
+        "decode_node",
+        "decode_refusals",
+        "decode_wait",
+        "done_uc",
+        "fetch_ready_t",
+        "fetch_tokens",
+        "first_chunk",
+        "generated",
+        "gpu_blocks",
+        "kv_pinned",
+        "kv_private",
+        "measured",
+        "path",
+        "preemptions",
+        "prefill_node",
+        "priority",
+        "program",
+        "recompute",
+        "request_id",
+        "route_t_c",
+        "route_t_uc",
+        "run",
+        "seq",
+        "t_arrival",
+        "t_c",
+        "t_done",
+        "t_first_token",
+        "t_ideal_c",
+        "t_in",
+        "t_joined",
+        "t_out",
+        "t_prefill_start",
+        "t_release",
+        "t_routed",
+        "t_rst",
+        "t_uc",
+        "turn_index",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        run: ProgramRun,
+        turn_index: int,
+        branch_id: str,
+        path: list[BlockHash],
+        t_in: int,
+        t_out: int,
+        t_arrival: float,
+        t_ideal_c: int,
+    ) -> None:
+        self.request_id = request_id
+        self.run = run
+        self.program = run.program.program_id
+        self.turn_index = turn_index
+        self.branch_id = branch_id
+        self.path = path
+        self.t_in = t_in
+        self.t_out = t_out
+        self.t_arrival = t_arrival
+        self.t_ideal_c = t_ideal_c
+        self.prefill_node = -1
+        self.decode_node = -1
+        self.route_t_c = 0
+        self.route_t_uc = t_in
+        self.fetch_tokens = 0
+        self.fetch_ready_t = 0.0
+        self.t_c = 0  # cached prefix at prefill start (local + fetched)
+        self.t_uc = t_in
+        self.t_rst = 0
+        self.t_routed = t_arrival
+        self.gpu_blocks = 0
+        self.done_uc = 0
+        self.first_chunk = True
+        self.attn_pairs = 0.0
+        self.t_prefill_start: float | None = None
+        self.t_first_token: float | None = None
+        self.t_done: float | None = None
+        self.decode_left = 0
+        # When the call last became ready to decode (KV arrived or recomputed), the seconds
+        # it waited to join the batch since, and how often a full batch or KV refused it
+        # (engine limits only).
+        self.t_joined = 0.0
+        self.decode_wait = 0.0
+        self.decode_refusals = 0
+        self.measured = True
+        # Dispatch Plane: priority q (smaller first), release time r and release order.
+        self.priority = 0.0
+        self.t_release = t_arrival
+        self.seq = 0
+        # Unified KV pool: blocks this call pins, tokens it reserves outside the cache,
+        # tokens generated so far, and preemption (recompute) state.
+        self.kv_pinned: list[BlockHash] = []
+        self.kv_private = 0
+        self.generated = 0.0
+        self.recompute = False
+        self.preemptions = 0
+
+    def sort_key(self) -> tuple[float, float, int]:
+        """Priority order of the Dispatch Plane: q, then release time, then release order."""
+        return (self.priority, self.t_release, self.seq)
+
+
+class DecodeEpoch:
+    """A run of decode iterations over a fixed batch (continuous batching between events)."""
+
+    __slots__ = ("batch", "ctx0", "ends", "iter0", "start", "token")
+
+    def __init__(
+        self,
+        start: float,
+        batch: list[SimRequest],
+        ends: np.ndarray,
+        ctx0: float,
+        iter0: int,
+        token: int,
+    ) -> None:
+        self.start = start
+        self.batch = batch
+        self.ends = ends  # cumulative end offsets of each iteration
+        self.ctx0 = ctx0
+        self.iter0 = iter0
+        self.token = token
+
+
+class ProgramRun:
+    """Execution state of one program (its PCB as far as the engines are concerned)."""
+
+    __slots__ = (
+        "arrival",
+        "branch_ctx",
+        "branch_last",
+        "done_turns",
+        "finish_t",
+        "fork_parents",
+        "kv_paths",
+        "out_node",
+        "outputs_added",
+        "pcb",
+        "pending",
+        "preemptions",
+        "program",
+        "snapshots",
+        "succ",
+        "t_done",
+        "uid",
+    )
+
+    def __init__(self, program: Program, uid: int, arrival: float) -> None:
+        self.program = program
+        self.uid = uid
+        self.arrival = arrival
+        # What policies may see of this program (never `program` itself).
+        self.pcb = ProgramControlBlock(program.program_id, program.workload, arrival)
+        # Retention Plane: branch -> (nodes, block path) of its latest completed call.
+        self.kv_paths: dict[str, tuple[tuple[int, ...], list[int]]] = {}
+        self.outputs_added: set[int] = set()  # turns whose output is already in the context
+        self.preemptions = 0
+        n = len(program.turns)
+        self.pending = [len(t.deps) for t in program.turns]
+        self.succ: list[list[int]] = [[] for _ in range(n)]
+        for i, t in enumerate(program.turns):
+            for d in t.deps:
+                self.succ[d].append(i)
+        self.t_done: list[float | None] = [None] * n
+        self.done_turns = 0
+        self.branch_ctx: dict[str, ContextHasher] = {}
+        self.branch_last: dict[str, int] = {}  # branch -> its last released turn
+        self.snapshots: dict[int, ContextHasher] = {}  # fork parents: context incl. output
+        self.out_node: dict[int, int] = {}  # turn -> decode node that produced its output
+        self.fork_parents = {t.parent_turn for t in program.turns if t.kind == "fork"}
+        self.finish_t: float | None = None

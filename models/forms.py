@@ -1,0 +1,334 @@
+"""Iteration-time model forms chosen by evidence (paper 000 §5.1 Eq. 1-2, App. B.4).
+
+Eq. 1 and Eq. 2 are the "paper" forms. Real engines need more, and each addition is a
+linear term, so every form is fitted by the relative-error NNLS of models.fitting:
+
+- prefill "floor": T_P = c0 + c1*max(sum t_uc, tau) + c2*sum A + c3*sum t_rst. Below tau
+  tokens the GEMMs read the weights whatever the token count (measured GPUs: flat up to
+  ~128-256 tokens), which Eq. 1's straight line cannot follow. tau comes from KNEE_GRID.
+- prefill "roofline": the floor plus c4*sum t_c (a chunk's attention reads the KV of every
+  cached token: memory-bound for small chunks over long prefixes) plus c5*phi(sum t_uc)
+  (an MoE layer reads the weights of every expert the chunk's tokens touch, App. B.3).
+- decode "ctx": T_D = d0 + d1*phi(B) + d2*B + d3*sum(ctx). Dense attention reads every
+  context token's KV once per iteration (App. B.4), so a batch of long contexts is slower
+  than Eq. 2 says, and d2 absorbs the node's mean context when d3 is missing.
+- mixed "paper": Eq. 1 + Eq. 2 sharing the constant, for iterations that run prefill
+  chunks and decodes together (chunked prefill); mixed "unified": m0 + m1*max(N, tau) +
+  m2*sum A + m3*sum ctx + m4*phi(N) + m5*num_seqs + m6*sum t_c with N the tokens of the
+  iteration.
+
+`select_form` scores candidates by K-fold cross-validation of the relative error from Gram
+statistics (so it also works on the per-bucket sums computed in SQL) and keeps the simplest
+form within one standard error of the best (the one-standard-error rule): a form earns its
+extra terms only when the held-out error says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from models.fitting import FitError, GramStats, bootstrap_ci, fit_from_gram
+from models.iteration import DecodeModel, PrefillModel, phi
+
+FloatArray = npt.NDArray[np.float64]
+Phase = Literal["prefill", "decode", "mixed"]
+# Candidate floors (tokens). Measured GPUs turn compute-bound between 64 and 512 tokens.
+KNEE_GRID = (32.0, 64.0, 128.0, 256.0, 512.0, 1024.0)
+# Row fields a form may read (sums over the iteration's requests unless noted).
+ROW_FIELDS = (
+    "t_uc",  # new prefill tokens
+    "attn_pairs",  # query-key pairs A of the prefill chunks
+    "t_rst",  # tokens restored from host memory
+    "t_c",  # cached tokens the prefill chunks attend to
+    "batch_size",  # decodes B
+    "t_fwd",  # tokens fed per decode (per request, not summed)
+    "ctx_tokens",  # context tokens of the decodes
+    "num_seqs",  # sequences in the iteration (prefill chunks + decodes)
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Form:
+    """One model form of one phase: its terms and how a row becomes its design row."""
+
+    name: str
+    phase: Phase
+    terms: tuple[str, ...]
+    knee_tokens: float = 0.0
+    description: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}@{self.knee_tokens:g}" if self.knee_tokens else self.name
+
+    def design(
+        self, rows: Mapping[str, FloatArray], top_k: int = 0, num_experts: int = 0
+    ) -> FloatArray:
+        """Design matrix of the rows (one column per term)."""
+        r = {k: np.asarray(v, dtype=np.float64) for k, v in rows.items()}
+        n = len(next(iter(r.values())))
+        one = np.ones(n)
+        zero = np.zeros(n)
+
+        def col(name: str) -> FloatArray:
+            if name not in r:
+                raise KeyError(f"form {self.label} needs row field {name!r}")
+            return r[name]
+
+        def knee(x: FloatArray) -> FloatArray:
+            return np.where(x > 0, np.maximum(x, self.knee_tokens), x)
+
+        if self.phase == "prefill":
+            uc = col("t_uc")
+            cols = [one, knee(uc), col("attn_pairs"), r.get("t_rst", zero)]
+            if self.name == "roofline":
+                cols += [col("t_c"), phi(uc, top_k, num_experts) * one]
+            return np.column_stack(cols)
+        b = col("batch_size")
+        fwd = r.get("t_fwd", one)
+        if self.phase == "decode":
+            cols = [one, phi(b, top_k, num_experts, fwd) * one, b]
+            if self.name == "ctx":
+                cols.append(col("ctx_tokens"))
+            return np.column_stack(cols)
+        uc = col("t_uc")
+        if self.name == "paper":
+            ph = phi(b, top_k, num_experts, fwd) * one
+            return np.column_stack([one, uc, col("attn_pairs"), ph, b])
+        tokens = uc + b * fwd
+        return np.column_stack(
+            [
+                one,
+                knee(tokens),
+                col("attn_pairs"),
+                col("ctx_tokens"),
+                phi(tokens, top_k, num_experts) * one,
+                col("num_seqs"),
+                col("t_c"),
+            ]
+        )
+
+
+PREFILL_PAPER = Form("paper", "prefill", ("c0", "c1", "c2", "c3"), description="Eq. 1")
+DECODE_PAPER = Form("paper", "decode", ("d0", "d1", "d2"), description="Eq. 2")
+DECODE_CTX = Form(
+    "ctx", "decode", ("d0", "d1", "d2", "d3"), description="Eq. 2 + d3*sum(ctx): KV read"
+)
+MIXED_PAPER = Form(
+    "paper", "mixed", ("c0", "c1", "c2", "d1", "d2"), description="Eq. 1 + Eq. 2, one constant"
+)
+
+
+def prefill_floor(knee_tokens: float) -> Form:
+    return Form(
+        "floor",
+        "prefill",
+        ("c0", "c1", "c2", "c3"),
+        float(knee_tokens),
+        "Eq. 1 with c1*max(sum t_uc, tau): weight-bound GEMMs below tau tokens",
+    )
+
+
+def prefill_roofline(knee_tokens: float) -> Form:
+    return Form(
+        "roofline",
+        "prefill",
+        ("c0", "c1", "c2", "c3", "c4", "c5"),
+        float(knee_tokens),
+        "floor + c4*sum t_c (KV read) + c5*phi(sum t_uc) (experts touched)",
+    )
+
+
+def mixed_unified(knee_tokens: float) -> Form:
+    return Form(
+        "unified",
+        "mixed",
+        ("m0", "m1", "m2", "m3", "m4", "m5", "m6"),
+        float(knee_tokens),
+        "m0 + m1*max(N, tau) + m2*sum A + m3*sum ctx + m4*phi(N) + m5*num_seqs + m6*sum t_c",
+    )
+
+
+def candidates(phase: Phase, form: str = "auto") -> tuple[Form, ...]:
+    """The forms `form` names for a phase: 'auto' (all), 'paper', or a form name."""
+    every: dict[Phase, tuple[Form, ...]] = {
+        "prefill": (
+            PREFILL_PAPER,
+            *(prefill_floor(k) for k in KNEE_GRID),
+            *(prefill_roofline(k) for k in (0.0, *KNEE_GRID)),
+        ),
+        "decode": (DECODE_PAPER, DECODE_CTX),
+        "mixed": (MIXED_PAPER, *(mixed_unified(k) for k in KNEE_GRID)),
+    }
+    pool = every[phase]
+    if form == "auto":
+        return pool
+    picked = tuple(f for f in pool if f.name == form or f.label == form)
+    if not picked:
+        names = sorted({f.name for f in pool} | {"auto"})
+        raise ValueError(f"unknown {phase} form {form!r}; forms: {', '.join(names)}")
+    return picked
+
+
+def form_names() -> tuple[str, ...]:
+    """Every name `--form` accepts (auto, paper and each phase's own forms)."""
+    return ("auto", "paper", "floor", "roofline", "ctx", "unified")
+
+
+class FormScore(NamedTuple):
+    """Cross-validated relative RMSE of one form: mean over folds and its standard error."""
+
+    form: Form
+    cv_rmse: float
+    cv_se: float
+    folds: int
+
+
+class FormChoice(NamedTuple):
+    """The chosen form, its coefficients on all rows, and every candidate's score."""
+
+    form: Form
+    coef: tuple[float, ...]
+    fixed: tuple[str, ...]
+    scores: tuple[FormScore, ...]
+
+
+def relative_rmse(stats: GramStats, coef: FloatArray) -> float:
+    """sqrt(mean(((x.c - y) / y)^2)) from Gram statistics alone."""
+    if stats.n == 0:
+        return float("nan")
+    sse = float(coef @ stats.xtx @ coef - 2.0 * stats.xty @ coef + stats.yty)
+    return float(np.sqrt(max(sse, 0.0) / stats.n))
+
+
+def _total(buckets: Sequence[GramStats], p: int) -> GramStats:
+    out = GramStats.zeros(p)
+    for b in buckets:
+        out = out + b
+    return out
+
+
+def cross_validate(
+    form: Form, buckets: Sequence[GramStats], folds: int = 5, always: Sequence[str] = ()
+) -> FormScore:
+    """K-fold CV over buckets (fold = bucket index mod K): relative RMSE per held-out fold."""
+    p = len(form.terms)
+    usable = [b for b in buckets if b.n > 0]
+    k = min(folds, len(usable))
+    if k < 2:
+        raise FitError(f"cross-validation needs at least two non-empty buckets, got {len(usable)}")
+    errs = []
+    for f in range(k):
+        test = [b for i, b in enumerate(usable) if i % k == f]
+        train = [b for i, b in enumerate(usable) if i % k != f]
+        coef, _ = fit_from_gram(_total(train, p), form.terms, min_samples=p + 1, always=always)
+        errs.append(relative_rmse(_total(test, p), coef))
+    e = np.asarray(errs)
+    return FormScore(form, float(e.mean()), float(e.std(ddof=1) / np.sqrt(k)), k)
+
+
+def select_form(
+    scored: Sequence[tuple[Form, Sequence[GramStats]]], folds: int = 5, always: Sequence[str] = ()
+) -> FormChoice:
+    """Score each (form, buckets) by CV; keep the simplest within one SE of the best.
+
+    Candidates are ordered as given (simplest first). Forms whose data cannot determine
+    them (collinear, too few rows) are skipped; FitError when none can be fitted.
+    """
+    scores: list[FormScore] = []
+    problems: list[str] = []
+    for form, buckets in scored:
+        try:
+            scores.append(cross_validate(form, buckets, folds, always))
+        except FitError as exc:
+            problems.append(f"{form.label}: {exc}")
+    if not scores:
+        raise FitError("no form could be fitted: " + "; ".join(problems))
+    best = min(scores, key=lambda s: s.cv_rmse)
+    bar = best.cv_rmse + best.cv_se
+    chosen = next(s for s in scores if s.cv_rmse <= bar)
+    buckets = dict((f.label, b) for f, b in scored)[chosen.form.label]
+    coef, fixed = fit_from_gram(
+        _total(buckets, len(chosen.form.terms)), chosen.form.terms, always=always
+    )
+    return FormChoice(chosen.form, tuple(float(c) for c in coef), fixed, tuple(scores))
+
+
+def prefill_model(
+    form: Form, coef: Sequence[float], top_k: int = 0, num_experts: int = 0
+) -> PrefillModel:
+    """The control plane's prefill model of a fitted prefill form."""
+    if form.phase != "prefill":
+        raise ValueError(f"{form.label} is a {form.phase} form, not a prefill form")
+    return PrefillModel.from_coef(
+        coef, knee_tokens=form.knee_tokens, top_k=top_k, num_experts=num_experts
+    )
+
+
+def decode_model(
+    form: Form, coef: Sequence[float], top_k: int, num_experts: int, t_fwd: float = 1.0
+) -> DecodeModel:
+    """The control plane's decode model of a fitted decode form (d3 = 0 for Eq. 2)."""
+    if form.phase != "decode":
+        raise ValueError(f"{form.label} is a {form.phase} form, not a decode form")
+    return DecodeModel.from_coef(coef, top_k, num_experts, t_fwd)
+
+
+def form_by_label(phase: Phase, label: str) -> Form:
+    """The form a label such as 'paper', 'ctx' or 'floor@256' names."""
+    name, _, knee = label.partition("@")
+    if phase == "prefill" and name == "floor":
+        return prefill_floor(float(knee or 0.0))
+    if phase == "prefill" and name == "roofline":
+        return prefill_roofline(float(knee or 0.0))
+    if phase == "mixed" and name == "unified":
+        return mixed_unified(float(knee or 0.0))
+    for f in candidates(phase, "auto"):
+        if f.name == name and not f.knee_tokens:
+            return f
+    raise ValueError(f"unknown {phase} form {label!r}")
+
+
+def robust_ci(
+    buckets: Sequence[GramStats],
+    terms: Sequence[str],
+    coef: Sequence[float],
+    *,
+    resamples: int = 200,
+    seed: int = 0,
+) -> tuple[tuple[float, float], ...]:
+    """95% intervals that cover model error, not only sampling noise.
+
+    `buckets` are contiguous blocks of rows (time windows of the run, or clusters of a
+    profile grid): resampling whole blocks keeps whatever the form misses inside a block
+    (a drifting context mix, a regime the form bends around) in every resample, so the
+    spread of the coefficients reflects it (a block bootstrap). Each side is then widened
+    by 2*s^2*|coef|, s the relative RMSE of the fit: relative-error least squares under
+    multiplicative noise is biased low by about s^2 of each coefficient, which no
+    resampling shows.
+    """
+    p = len(terms)
+    s = relative_rmse(_total(buckets, p), np.asarray(coef, dtype=np.float64))
+    ci = bootstrap_ci(buckets, terms, resamples=resamples, seed=seed)
+    pad = 2.0 * s * s
+    # NNLS coefficients are >= 0, so an interval never reaches below 0.
+    return tuple(
+        (max(min(lo, c) - pad * abs(c), 0.0), max(hi, c) + pad * abs(c))
+        for (lo, hi), c in zip(ci, coef, strict=True)
+    )
+
+
+def time_blocks(t: FloatArray, num_blocks: int = 20) -> npt.NDArray[np.int64]:
+    """Block index of each row: `num_blocks` equal windows over the rows' own time span."""
+    x = np.asarray(t, dtype=np.float64)
+    if x.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    lo, hi = float(x.min()), float(x.max())
+    if hi <= lo:
+        return np.zeros(x.size, dtype=np.int64)
+    return np.minimum(((x - lo) / (hi - lo) * num_blocks).astype(np.int64), num_blocks - 1)

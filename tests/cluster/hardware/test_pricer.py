@@ -1,0 +1,109 @@
+"""IterationPricer (cluster.hardware.pricer): exact at the profile's own points, sane between."""
+
+from __future__ import annotations
+
+import csv
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hardware_fixtures import LLAMA, P32, P4090, PMOE, QWEN32, QWEN_MOE
+
+from cluster.hardware.model_shape import ModelShape
+from cluster.hardware.operator_tables import OperatorTables
+from cluster.hardware.pricer import IterationPricer, Parallelism
+
+US = 1e-6
+
+
+def _independent(profile: Path, layers: int):  # type: ignore[no-untyped-def]
+    """Composition straight from the CSVs: layers x (dense + attention) + per-iteration ops."""
+    dense: dict[int, float] = defaultdict(float)
+    it: dict[int, float] = defaultdict(float)
+    for r in csv.DictReader((profile / "dense.csv").open()):
+        k, t = int(r["tokens"]), float(r["time_us"]) * US
+        if r["layer"] in ("embedding", "final_layernorm"):
+            it[k] += t
+        else:
+            dense[k] += t * (2 if r["layer"] == "layernorm" else 1)
+    seq: dict[int, float] = defaultdict(float)
+    for r in csv.DictReader((profile / "per_sequence.csv").open()):
+        seq[int(r["sequences"])] += float(r["time_us"]) * US
+    att = [
+        tuple(float(x) for x in r.values())
+        for r in csv.DictReader((profile / "attention.csv").open())
+    ]
+    out = []
+    for pc, kp, nd, kd, t in att:
+        n, s = int(pc + nd), int((pc > 0) + nd)
+        if n in dense and s in seq:
+            out.append(
+                (
+                    (int(pc), int(kp), int(nd), int(kd)),
+                    layers * (dense[n] + t * US) + it[n] + seq[s],
+                )
+            )
+    return out
+
+
+def test_prices_every_measured_point_exactly() -> None:
+    pricer = IterationPricer(OperatorTables.load(P4090), ModelShape.load(LLAMA))
+    points = _independent(P4090, 32)
+    assert len(points) > 500  # points whose token and sequence counts are measured exactly
+    for (pc, kp, nd, kd), want in points:
+        got = pricer.time([(pc, kp)] if pc else [], [kd] * nd)
+        assert got == pytest.approx(want, rel=1e-9), (pc, kp, nd, kd)
+
+
+def test_between_points_the_price_lies_between_its_neighbours() -> None:
+    p = IterationPricer(OperatorTables.load(P4090), ModelShape.load(LLAMA))
+    lo, hi = p.decode_time(32, 1024), p.decode_time(32, 2048)
+    assert lo < p.decode_time(32, 1500) < hi
+    assert p.decode_time(24, 1024) == pytest.approx(
+        (p.decode_time(16, 1024) + p.decode_time(32, 1024)) / 2, rel=0.05
+    )
+    # heterogeneous contexts are priced at their mean (decode attention reads sum(ctx) of KV)
+    assert p.time([], [512, 1536]) == pytest.approx(p.time([], [1024, 1024]))
+    # a decode batch rides along a chunk: more than the chunk alone, less than both apart
+    chunk, both = p.prefill_time(512, 0), p.time([(512, 0)], [1024] * 16)
+    assert chunk < both < chunk + p.decode_time(16, 1024)
+    # a second chunk adds its own attention above the launch floor, and its tokens
+    two = p.time([(512, 0), (256, 1000)], [])
+    assert two > p.time([(768, 0)], [])
+    # beyond the measured grid: keeps growing
+    assert p.prefill_time(4096, 0) > 1.9 * p.prefill_time(2048, 0)
+    assert p.decode_time(64, 32_768) > p.decode_time(64, 16_384)
+    assert p.time([], []) == 0.0
+    cost = p.cost([(512, 100)], [700] * 8)
+    assert cost.total == pytest.approx(p.time([(512, 100)], [700] * 8)) and cost.moe == 0.0
+
+
+def test_moe_decode_grows_with_the_experts_the_batch_touches() -> None:
+    shape = ModelShape.load(QWEN_MOE)
+    p = IterationPricer(OperatorTables.load(PMOE), shape)
+    moe = [p.moe_time(b) for b in (1, 2, 8, 64, 256)]
+    assert moe == sorted(moe)
+    # phi(B) saturates: past ~64 tokens nearly all 128 experts are touched
+    assert (moe[4] - moe[3]) / (256 - 64) < (moe[2] - moe[1]) / (8 - 2)
+    assert p.cost([], [1000] * 8).moe == pytest.approx(48 * moe[2])
+    # EP 4 over a DP group of 4: each rank holds 32 experts; the busiest rank is slower
+    ep = IterationPricer(p.tables, shape, Parallelism(tp=1, dp=4, ep=4))
+    skew = IterationPricer(p.tables, shape, Parallelism(tp=1, dp=4, ep=4, expert_load_skew=1.5))
+    assert skew.moe_time(256) > ep.moe_time(256) > 0
+    assert ep.communication_time(256) > 0 and p.communication_time(256) == 0
+    with pytest.raises(ValueError, match=r"MoE model but the profile has no moe\.csv"):
+        IterationPricer(OperatorTables.load(P4090), shape)
+
+
+def test_tensor_parallel_adds_all_reduces() -> None:
+    shape = ModelShape.load(QWEN32)
+    tables = OperatorTables.load(P32, tp=2)
+    slow = IterationPricer(tables, shape, Parallelism(tp=2, link_gbps=10))
+    fast = IterationPricer(tables, shape, Parallelism(tp=2, link_gbps=100))
+    c = slow.cost([(2048, 0)], [])
+    # 2 per layer + the embedding's, each moving (t-1)/t * 2 of the 2048 x 5120 bf16 activations
+    per = 10e-6 + 2048 * 5120 * 2 / 10e9
+    assert c.communication == pytest.approx((2 * 64 + 1) * per)
+    assert fast.time([(2048, 0)], []) < slow.time([(2048, 0)], [])
+    assert np.isfinite(c.total)

@@ -1,0 +1,170 @@
+"""Node KV memory and its KV events: the control plane's directory mirrors every node's
+caches, and the `kv_events` table replays to that directory."""
+
+from __future__ import annotations
+
+import pytest
+
+from cluster.core import KVEvent, KVEventKind, MemorySink
+from cluster.kv.directory import GPU, HOST, KVDirectory
+from cluster.kv.eviction import LRUEviction
+from cluster.sim.buffer import BufferedSink
+from cluster.sim.memory import kv_event_rows, tier_caches
+from cluster.sim.simulator import SimConfig, Simulator
+from cluster.sim.tiered_memory import TieredMemory
+
+HOST_PRESSURE = dict(
+    workload="cc",
+    nodes=4,
+    split="2P2D",
+    agents=16,
+    duration_s=450,
+    warmup_s=0,
+    planner="static",
+    relaunch_s=100,
+    l2_tokens=600_000,
+    seed=2,
+)
+
+
+def _directory_holdings(d: KVDirectory, node: int) -> dict[int, int]:
+    return {h: hd.tiers for h, b in d.blocks.items() if (hd := b.holders.get(node)) and hd.tiers}
+
+
+def _cache_holdings(sim: Simulator, node: int) -> dict[int, int]:
+    mem = sim.nodes[node].memory
+    held = dict.fromkeys(mem.l1.entries, GPU)
+    if not mem.unified:
+        for h in mem.l2.entries:
+            held[h] = held.get(h, 0) | HOST
+    return held
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        SimConfig(**HOST_PRESSURE),  # type: ignore[arg-type]
+        SimConfig(**HOST_PRESSURE | {"retention": "branch-count"}),  # type: ignore[arg-type]
+        SimConfig(
+            workload="putnam",
+            nodes=1,
+            split="collocated",
+            agents=16,
+            duration_s=300,
+            warmup_s=0,
+            planner="static",
+            host_kv=False,
+            retention="lru",
+            l1_tokens=50_000,
+            seed=3,
+        ),
+    ],
+    ids=["tiered", "tiered-retention", "unified-pool"],
+)
+def test_the_directory_mirrors_every_node_cache(cfg):
+    """Everything a node stores or drops reaches the directory as KV events, so at any
+    time the directory's tiers per node are exactly the node's caches.
+
+    Retention keys can make a chain reclaim its own blocks while it is inserted (the rest
+    of the cache ranks higher); such blocks used to be published as stored (the directory
+    then named holders that held nothing) or, reclaimed and inserted again, not at all."""
+    sim = Simulator(cfg)
+    switched = False
+    for t in range(25, int(cfg.duration_s) + 1, 25):
+        sim.step_until(float(t))
+        if not switched and t >= 150 and not sim.cp.collocated:
+            sim.cp.request_switch(3, "prefill", sim.now, trigger="manual", mode="relaunch")
+            sim.cp.request_switch(0, "decode", sim.now, trigger="manual")
+            switched = True
+        for n in sim.node_ids:
+            assert _directory_holdings(sim.cp.directory, n) == _cache_holdings(sim, n), (t, n)
+    summary = sim.finish()
+    assert summary["requests"] > 50
+    if not sim.cp.collocated:
+        assert summary["switches"] == 2
+    else:
+        assert summary["preemptions_total"] > 0  # the pool was under pressure
+
+
+def test_kv_events_table_replays_to_the_directory():
+    """Replaying the `kv_events` rows (stored chains with parents, removals per tier,
+    clears) into an empty directory gives the control plane's holdings and parents. The
+    GPU copy a host eviction drops is a row of its own."""
+    sink = MemorySink()
+    sim = Simulator(SimConfig(**HOST_PRESSURE | {"retention": "branch-count"}), sink=sink)  # type: ignore[arg-type]
+    sim.step_until(150.0)
+    sim.cp.request_switch(3, "prefill", sim.now, trigger="manual", mode="relaunch")
+    sim.cp.request_switch(0, "decode", sim.now, trigger="manual")
+    sim.step_until(HOST_PRESSURE["duration_s"])  # type: ignore[arg-type]
+    sim.finish()
+    rows = sink.rows("kv_events")
+    replay = KVDirectory(sim.profile.block_tokens)
+    for r in rows:
+        if r["kind"] == "stored":
+            replay.store(r["node_id"], [r["block_hash"]], r["parent_hash"] or 0, r["tier"], r["t"])
+        elif r["kind"] == "removed":
+            replay.remove(r["node_id"], r["block_hash"], r["tier"])
+        else:
+            replay.clear_node(r["node_id"], r["tier"])
+    d = sim.cp.directory
+    for n in sim.node_ids:
+        held = _directory_holdings(d, n)
+        assert _directory_holdings(replay, n) == held
+        assert all(replay.blocks[h].parent == d.blocks[h].parent for h in held)
+    cleared = [(r["node_id"], r["tier"]) for r in rows if r["kind"] == "cleared"]
+    assert cleared == [(3, "gpu"), (3, "host")]
+    host_out = {(r["t"], r["node_id"], r["block_hash"]) for r in rows if r["kind"] == "removed"}
+    gpu_out = [
+        (r["t"], r["node_id"], r["block_hash"])
+        for r in rows
+        if r["kind"] == "removed" and r["tier"] == "gpu"
+    ]
+    assert any(k in host_out for k in gpu_out)
+    assert d.num_events > 0  # the simulator's events go through the directory's entry
+
+
+def test_a_store_publishes_one_batch_removals_first():
+    """One publication per store: what its inserts reclaimed (a host eviction takes the GPU
+    copy along), then the blocks newly held, tier by tier."""
+    published: list[list[KVEvent]] = []
+    directory = KVDirectory(4)
+
+    def publish(events: list[KVEvent]) -> None:
+        published.append(events)
+        directory.apply_all(events)
+
+    gpu, host = tier_caches(0, 16, 16, LRUEviction(), lambda h: 0)
+    mem = TieredMemory(0, gpu, host, 4, BufferedSink(MemorySink()), publish)
+    mem.store([1, 2, 3, 4], 0, 0, 1.0)  # both tiers full
+    assert [[(e.kind, e.tier, e.block_hashes, e.parent_hash) for e in b] for b in published] == [
+        [
+            (KVEventKind.STORED, "host", (1, 2, 3, 4), None),
+            (KVEventKind.STORED, "gpu", (1, 2, 3, 4), None),
+        ]
+    ]
+    published.clear()
+    mem.receive([1, 2, 5, 6], 2.0)  # host memory needs room for 5 and 6
+    (batch,) = published
+    assert [(e.kind, e.tier, e.block_hashes, e.parent_hash) for e in batch] == [
+        (KVEventKind.REMOVED, "gpu", (4, 3), None),  # deepest first
+        (KVEventKind.REMOVED, "host", (4, 3), None),
+        (KVEventKind.STORED, "host", (5, 6), 2),
+    ]
+    assert directory.holders_of(1) == {0: GPU | HOST} and directory.holders_of(5) == {0: HOST}
+    assert directory.holders_of(3) == {}
+    assert set(gpu.entries) == {1, 2}
+
+
+def test_kv_event_rows_chain_parents_and_clear_each_tier():
+    rows = kv_event_rows(
+        [
+            KVEvent(1.0, 2, KVEventKind.STORED, "host", (7, 8, 9), 5, 16),
+            KVEvent(2.0, 2, KVEventKind.REMOVED, "gpu", (9,), None, 16),
+            KVEvent(3.0, 2, KVEventKind.CLEARED, None),
+        ]
+    )
+    assert rows["parent_hash"] == [5, 7, 8, None, None, None]
+    assert rows["kind"] == ["stored"] * 3 + ["removed", "cleared", "cleared"]
+    assert rows["tier"] == ["host", "host", "host", "gpu", "gpu", "host"]
+    assert rows["num_tokens"] == [16, 16, 16, 16, 0, 0]
+    assert rows["block_hash"] == [7, 8, 9, 9, None, None]

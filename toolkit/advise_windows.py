@@ -1,0 +1,135 @@
+"""`pdlab advise`: the best split per window of the run, oscillation, and the recommendation.
+
+The run's arrival span is cut into windows (the planner's window, or as given); in each,
+the split with the best metric over the requests that arrived in it (mean over seeds of
+the static replays) wins. When the winners, with repeats collapsed, return to a split they
+had left (A -> B -> A), a planner following them would oscillate: each move pays a
+switch, and the gain each window promises does not last. The recommendation is the split
+best over the whole run with the switch from the run's split included (the replay that
+switches at the end of the first window, toolkit.advise), the run's own split counted
+without one.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+
+from toolkit.twin_metrics import Timings, metric_values
+
+if TYPE_CHECKING:
+    from toolkit.advise import SplitAdvice
+
+
+class Window(NamedTuple):
+    t0: float
+    t1: float
+    requests: int
+    best: str | None  # None: no split finished a request of this window
+    values: dict[str, float]  # split -> the window's metric (mean over seeds)
+
+
+class WindowAdvice(NamedTuple):
+    window_s: float
+    windows: list[Window]
+    pattern: list[str]  # the winners with repeats collapsed
+    oscillating: bool
+
+    @property
+    def switches(self) -> int:
+        """Switches a planner following the winners would make (from the first winner)."""
+        return max(len(self.pattern) - 1, 0)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "window_s": self.window_s,
+            "best": [w._asdict() for w in self.windows],
+            "pattern": self.pattern,
+            "oscillating": self.oscillating,
+            "switches": self.switches,
+        }
+
+
+class Recommendation(NamedTuple):
+    split: str
+    value: float  # the ranking metric over the run, the switch from the run's split included
+    stay_value: float | None  # the run's own split's value (None: the run had no PD split)
+    reason: str
+
+
+def order(value: float) -> float:
+    """Sort key of a latency: lower is better, a missing (NaN) value last."""
+    return value if np.isfinite(value) else float("inf")
+
+
+def window_best(
+    runs: dict[str, list[Timings]], metric: str, t0: float, t_last: float, window_s: float
+) -> WindowAdvice:
+    """Per window, the split whose replays did best on `metric` (module docstring)."""
+    count = max(int(np.ceil((t_last - t0) / window_s - 1e-9)), 1)
+    windows = []
+    for i in range(count):
+        a, b = t0 + i * window_s, t0 + (i + 1) * window_s
+        last = i == count - 1
+        values: dict[str, float] = {}
+        num = 0
+        for split, seeds in runs.items():
+            per_seed = []
+            for t in seeds:
+                inside = (t.t_arrival >= a) & (
+                    (t.t_arrival <= t_last) if last else (t.t_arrival < b)
+                )
+                num = max(num, int(inside.sum()))
+                if inside.any():
+                    sub = Timings(*(x[inside] for x in t))
+                    per_seed.append(
+                        metric_values(sub, np.arange(int(inside.sum()))[None, :])[metric][0]
+                    )
+            finite = [v for v in per_seed if np.isfinite(v)]
+            if finite:
+                values[split] = float(np.mean(finite))
+        best = min(values, key=lambda s: (values[s], s)) if values else None
+        windows.append(Window(a, min(b, t_last) if last else b, num, best, values))
+    pattern: list[str] = []
+    for w in windows:
+        if w.best is not None and (not pattern or pattern[-1] != w.best):
+            pattern.append(w.best)
+    return WindowAdvice(window_s, windows, pattern, len(pattern) > len(set(pattern)))
+
+
+def recommend(
+    splits: list[SplitAdvice], current: str | None, metric: str, windows: WindowAdvice
+) -> Recommendation:
+    """The split best over the run with the switch included (module docstring)."""
+
+    def total(s: SplitAdvice) -> float:
+        if s.split == current or s.switch is None:
+            return s.metrics[metric].mean
+        return s.switch.metrics[metric].mean
+
+    best = min(splits, key=lambda s: (s.unfinished > 0, order(total(s)), s.prefill))
+    value = total(best)
+    if current is None:
+        reason = (
+            f"{best.split} has the best {metric} over the run ({value:.4g}); the run had no PD "
+            "split of these nodes, so no switch cost is counted"
+        )
+        stay = None
+    else:
+        stay = next(s.metrics[metric].mean for s in splits if s.split == current)
+        if best.split == current:
+            reason = f"stay on {current}: no split beats it over the run once its switch is paid"
+        else:
+            assert best.switch is not None
+            reason = (
+                f"switch {current} -> {best.split}: {metric} {value:.4g} over the run with the "
+                f"switch at t={best.switch.t_switch_s:.4g} s included, against {stay:.4g} staying"
+            )
+    if windows.oscillating:
+        reason += (
+            f"; the best split alternates between windows ({' -> '.join(windows.pattern)}): "
+            f"following it would switch {windows.switches} times, so take {best.split}, the "
+            "best over the whole run"
+        )
+    return Recommendation(best.split, value, stay, reason)

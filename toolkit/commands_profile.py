@@ -1,0 +1,188 @@
+"""`pdlab profile import DIR --model-config CONFIG.json [--tp N] -o PROFILE.json` (SPEC §9).
+
+An LLMServingSim operator profile plus the model's HF config become a pdlab profile
+(cluster.hardware.operator_profile): iteration times over the measured grid, each phase's
+model forms fitted and chosen by cross-validation, KV bytes per token and weight bytes,
+and the operator tables for exact pricing. The file works as `--profile` wherever a
+profile is accepted. The command prints, per phase, held-out MAPE of the paper form and
+of the chosen form, and the chosen coefficients with their intervals.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+EXIT_INPUT = 2
+GIB = 1024**3
+
+profile_app = typer.Typer(
+    help="Hardware profiles from measured operator timings.", no_args_is_help=True
+)
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(EXIT_INPUT)
+
+
+def summary(profile: Any, output: Path) -> dict[str, Any]:
+    """The `--json` object: per phase the points, paper and chosen forms and their MAPE."""
+    fits = {}
+    for phase, f in profile.fits.items():
+        best = f.best
+        fits[phase] = {
+            "points": f.points,
+            "paper_mape": f.paper.mape,
+            "chosen": f.chosen,
+            "chosen_mape": best.mape,
+            "terms": list(best.terms),
+            "coef": list(best.coef),
+            "ci": None if best.ci is None else [list(c) for c in best.ci],
+        }
+    doc = profile.to_json()
+    return {
+        "profile": str(output),
+        "name": profile.name,
+        "model": profile.shape.name,
+        "tp": profile.parallel.tp,
+        "kv_bytes_per_token": doc["kv_bytes_per_token"],
+        "kv_bytes_per_token_total": doc["kv_bytes_per_token_total"],
+        "weight_bytes": doc["weight_bytes"],
+        "weight_bytes_total": doc["weight_bytes_total"],
+        "kv_tokens": profile.kv_tokens,
+        "fits": fits,
+        "notes": list(profile.notes),
+    }
+
+
+def _print(info: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=f"profile {info['name']} (TP {info['tp']}) -> {info['profile']}",
+        caption="held-out MAPE (5-fold) over the measured grid; coefficients in seconds with 95% intervals",
+        show_lines=True,
+    )
+    for col in ("phase", "points", "paper MAPE", "chosen form", "MAPE", "coefficients"):
+        table.add_column(col, overflow="fold")
+    for phase, f in info["fits"].items():
+        coefs = "\n".join(
+            f"{t} = {c:.4e}" + ("" if f["ci"] is None else f"  [{lo:.3e}, {hi:.3e}]")
+            for t, c, (lo, hi) in zip(
+                f["terms"], f["coef"], f["ci"] or [(0, 0)] * len(f["terms"]), strict=True
+            )
+        )
+        table.add_row(
+            phase,
+            str(f["points"]),
+            f"{100 * f['paper_mape']:.2f}%",
+            f["chosen"],
+            f"{100 * f['chosen_mape']:.2f}%",
+            coefs,
+        )
+    console = Console()
+    console.print(table)
+    console.print(
+        f"KV {info['kv_bytes_per_token']} bytes/token per rank ({info['kv_bytes_per_token_total']} in all); "
+        f"weights {info['weight_bytes'] / GIB:.2f} GiB per rank ({info['weight_bytes_total'] / GIB:.2f} GiB in all)"
+        + (f"; KV capacity {info['kv_tokens']} tokens" if info["kv_tokens"] else "")
+    )
+    for note in info["notes"]:
+        console.print(f"[dim]{note}[/dim]")
+
+
+@profile_app.command("import")
+def import_command(
+    directory: Path = typer.Argument(
+        ...,
+        help="LLMServingSim profile directory (dense.csv, per_sequence.csv, attention.csv[, moe.csv]).",
+    ),
+    model_config: Path = typer.Option(
+        ..., "--model-config", help="The model's Hugging Face config.json."
+    ),
+    output: Path = typer.Option(..., "-o", "--output", help="Profile JSON to write."),
+    tp: int = typer.Option(
+        1, "--tp", min=1, help="Tensor-parallel degree served (a TP 1 profile is scaled)."
+    ),
+    profiled_tp: int | None = typer.Option(
+        None,
+        "--profiled-tp",
+        min=1,
+        help="TP the profile was measured at (default: from a tp<N> directory name, else 1).",
+    ),
+    dp: int = typer.Option(1, "--dp", min=1, help="Data-parallel engines (DP ranks)."),
+    ep: int = typer.Option(
+        1, "--ep", min=1, help="Expert-parallel degree (1: experts split by TP)."
+    ),
+    link_gbps: float = typer.Option(
+        25.0, "--link-gbps", help="Bandwidth of TP/EP collectives, GB/s (no profile measures it)."
+    ),
+    link_latency_us: float = typer.Option(
+        10.0, "--link-latency-us", help="Latency of one collective, microseconds."
+    ),
+    expert_load_skew: float = typer.Option(
+        1.0, "--expert-load-skew", help="Busiest EP rank's tokens over the mean (1: balanced)."
+    ),
+    gpu_memory_gib: float | None = typer.Option(
+        None, "--gpu-memory-gib", help="GPU memory per GPU, GiB (for the KV capacity)."
+    ),
+    gpu_memory_utilization: float | None = typer.Option(
+        None,
+        "--gpu-memory-utilization",
+        help="Fraction of GPU memory the engine may use (vLLM default 0.9).",
+    ),
+    max_num_seqs: int | None = typer.Option(None, "--max-num-seqs", help="Engine batch limit."),
+    max_num_batched_tokens: int | None = typer.Option(
+        None, "--max-num-batched-tokens", help="Engine token budget per iteration."
+    ),
+    hardware: str = typer.Option("", "--hardware", help="Hardware name to record."),
+    name: str | None = typer.Option(None, "--name", help="Profile name (default: <model>-tp<N>)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (the summary)."),
+) -> None:
+    """Fit a pdlab profile from an operator profile and a model config."""
+    from cluster.core import ConfigError
+    from cluster.hardware.engine import EngineSettings
+    from cluster.hardware.model_shape import ModelShape
+    from cluster.hardware.operator_profile import build_profile
+    from cluster.hardware.pricer import Parallelism
+    from models.fitting import FitError
+
+    src = directory
+    if profiled_tp is None and (directory / f"tp{tp}").is_dir() and tp != 1:
+        src = directory / f"tp{tp}"  # the bundle measured at the served TP
+    try:
+        shape = ModelShape.load(model_config)
+        engine = None
+        if gpu_memory_gib or max_num_seqs or max_num_batched_tokens or gpu_memory_utilization:
+            engine = EngineSettings(
+                max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max_num_batched_tokens,
+                tensor_parallel_size=tp,
+                data_parallel_size=dp,
+                expert_parallel_size=ep,
+                gpu_memory_utilization=gpu_memory_utilization,
+                gpu_memory_bytes=None if gpu_memory_gib is None else int(gpu_memory_gib * GIB),
+                hardware=hardware or None,
+            )
+        par = Parallelism(tp, dp, ep, link_gbps, link_latency_us * 1e-6, expert_load_skew)
+        profile = build_profile(
+            src, shape, tp=tp, profiled_tp=profiled_tp, parallel=par, engine=engine,
+            hardware=hardware, name=name,
+        )  # fmt: skip
+    except (ConfigError, FitError, ValueError) as exc:
+        _fail(str(exc))
+        return
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(profile.to_json()) + "\n")
+    info = summary(profile, output)
+    if src != directory:
+        info["notes"].insert(0, f"used {src} (measured at TP {tp})")
+    if as_json:
+        typer.echo(json.dumps(info))
+    else:
+        _print(info)

@@ -1,0 +1,238 @@
+"""`pdlab twin DB`: replay a recorded run on models of its serving, real vs sim (SPEC §9).
+
+With `--profile P` (an imported benchmark run of one engine), the run's requests replay on
+engine models (toolkit.twin). Without it, the run must be a PD cluster run (a live torch or
+SGLang cluster, or a simulated one): its requests replay on the cluster simulator with each
+node priced by Eq. 1 / Eq. 2 fitted from the run's own iteration logs (toolkit.twin_cluster),
+so it needs no operator profile. `--no-rescale` keeps the fits' coefficients as they are
+(by default each phase's are scaled to the run's measured pass time, toolkit.cluster_inputs).
+
+Prints, per metric (TTFT, TPOT, E2E: mean, P50, P90, P99; throughput), the real value, the
+replay's, the relative error and its bootstrap 95% interval (toolkit.twin), the engine
+settings the replay used (recorded, or the flags), the replay's wall time, and the id of
+the run the simulated requests were stored as (source 'twin'). `--json` prints one object
+with "metrics": {"ttft_mean_s": {"real", "sim", "error", "ci95"}, ...}. `--what-if KEY=VALUE`
+(repeatable) replays the same requests under changed engine settings and estimates each
+metric with an interval that carries the twin's measured error (toolkit.twin_whatif; split=XPYD
+and router=NAME replay on the cluster simulator's PD nodes, toolkit.twin_pd); JSON
+key "what_if". Exit code 2 for bad input (no such run, a run without requests, a profile
+for another TP or model, an unknown what-if key).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+EXIT_INPUT = 2
+
+
+def twin_command(
+    db: Path = typer.Argument(..., help="DuckDB database with an imported run (pdlab import)."),
+    run: str | None = typer.Option(None, "--run", help="Run id (default: the only or last run)."),
+    profile: Path | None = typer.Option(
+        None,
+        "--profile",
+        help="Operator profile from `pdlab profile import` (the run's TP), for an imported "
+        "benchmark run. A PD cluster run (live torch/SGLang or simulated) needs none: its own "
+        "iteration logs are fitted and it replays on the cluster simulator.",
+    ),
+    gpu_memory_gib: float | None = typer.Option(
+        None, "--gpu-memory-gib", help="GPU memory per GPU: KV capacity from vLLM's budget."
+    ),
+    gpu_memory_utilization: float | None = typer.Option(
+        None, "--gpu-memory-utilization", help="vLLM's --gpu-memory-utilization (default 0.9)."
+    ),
+    max_num_seqs: int | None = typer.Option(None, "--max-num-seqs", help="Batch limit."),
+    max_num_batched_tokens: int | None = typer.Option(
+        None, "--max-num-batched-tokens", help="Token budget per iteration."
+    ),
+    link_gbps: float | None = typer.Option(
+        None, "--link-gbps", help="TP/EP collective bandwidth, GB/s (default: recorded, profile)."
+    ),
+    link_latency_us: float | None = typer.Option(
+        None, "--link-latency-us", help="Latency of one collective, microseconds."
+    ),
+    store: bool = typer.Option(
+        True, "--store/--no-store", help="Store the simulated requests as a 'twin' run."
+    ),
+    what_if_items: list[str] = typer.Option(
+        [],
+        "--what-if",
+        help="KEY=VALUE engine setting to replay under (repeatable): max_num_seqs, "
+        "max_num_batched_tokens, num_gpu_blocks, data_parallel_size, gpu_memory_gib, ...; "
+        "split=XPYD or router=NAME replay on the cluster simulator's PD nodes",
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap resampling."),
+    rescale: bool = typer.Option(
+        True,
+        "--rescale/--no-rescale",
+        help="PD cluster run: scale each phase's fitted coefficients so that they add up to "
+        "the run's measured pass time (relative-error fits price a typical pass, not the mean).",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Replay a recorded run's requests on models of its serving and compare with the real run."""
+    from telemetry import TelemetryError
+    from toolkit.twin import run_twin
+    from toolkit.twin_whatif import PD_KEYS, WhatIfResult, parse_changes, what_if
+
+    if profile is None:
+        engine_flags = {
+            "--gpu-memory-gib": gpu_memory_gib,
+            "--gpu-memory-utilization": gpu_memory_utilization,
+            "--max-num-seqs": max_num_seqs,
+            "--max-num-batched-tokens": max_num_batched_tokens,
+            "--link-gbps": link_gbps,
+            "--link-latency-us": link_latency_us,
+            "--what-if": what_if_items or None,
+        }
+        given = [k for k, v in engine_flags.items() if v is not None]
+        _cluster_twin(db, run, store, seed, rescale, as_json, given)
+        return
+    try:
+        changes = parse_changes(what_if_items) if what_if_items else None
+        result = run_twin(
+            db,
+            run,
+            profile,
+            store=store,
+            seed=seed,
+            gpu_memory_gib=gpu_memory_gib,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            link_gbps=link_gbps,
+            link_latency_s=None if link_latency_us is None else link_latency_us * 1e-6,
+        )
+        alt: WhatIfResult | None = None
+        if changes is not None and changes.keys() & set(PD_KEYS):
+            from toolkit.twin_pd import pd_what_if
+
+            alt = pd_what_if(result, profile, changes, seed=seed)
+        elif changes is not None:
+            alt = what_if(result, changes, seed=seed)
+    except (ValueError, TelemetryError, FileNotFoundError) as exc:  # ConfigError is a ValueError
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_INPUT) from None
+    doc = result.to_json()
+    if alt is not None:
+        doc["what_if"] = alt.to_json()
+    if as_json:
+        typer.echo(json.dumps(doc))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(_metrics_table(result.run_id, doc["requests"], result.metrics))
+    e = doc["engine"]
+    console.print(
+        f"engine: max_num_seqs={e['max_num_seqs']}, max_num_batched_tokens="
+        f"{e['max_num_batched_tokens']}, TP {e['tensor_parallel_size']}, DP "
+        f"{e['data_parallel_size']}, EP {e['expert_parallel_size']}, KV {e['kv_blocks']} blocks "
+        f"({e['kv_source']}), link {e['link_gbps']:g} GB/s + {1e6 * e['link_latency_s']:g} us "
+        f"({e['link_source']})"
+    )
+    console.print(
+        f"replayed {doc['iterations']} iterations ({doc['preemptions']} preemptions) in "
+        f"{result.replay_wall_s:.2f} s"
+        + (f"; stored as run {result.twin_run_id}" if result.twin_run_id else "")
+    )
+    if alt is not None:
+        wt = Table(
+            title="what if " + ", ".join(f"{k}={v}" for k, v in alt.changes.items()),
+            caption="estimate = real x what-if replay / baseline replay; the interval adds the "
+            "twin's measured error to the bootstrap spread",
+        )
+        for col in ("metric", "real", "estimate", "change", "95% interval"):
+            wt.add_column(col, justify="left" if col == "metric" else "right")
+        for name, w in alt.metrics.items():
+            wt.add_row(
+                name,
+                f"{w.real:.4g}",
+                f"{w.estimate:.4g}",
+                f"{100 * w.change:+.1f}%",
+                f"[{w.ci95[0]:.4g}, {w.ci95[1]:.4g}]",
+            )
+        console.print(wt)
+        console.print(f"what-if replay: KV {alt.kv_blocks} blocks, {alt.preemptions} preemptions")
+
+
+def _metrics_table(run_id: str, requests: int, metrics: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    table = Table(
+        title=f"twin of run {run_id}: {requests} requests replayed",
+        caption="seconds (throughput: requests/s); error = sim / real - 1, 95% bootstrap interval",
+    )
+    for col in ("metric", "real", "sim", "error", "95% interval"):
+        table.add_column(col, justify="left" if col == "metric" else "right")
+    for name, m in metrics.items():
+        table.add_row(
+            name,
+            f"{m.real:.4g}",
+            f"{m.sim:.4g}",
+            f"{100 * m.error:+.1f}%",
+            f"[{100 * m.ci95[0]:+.1f}%, {100 * m.ci95[1]:+.1f}%]",
+        )
+    return table
+
+
+def _cluster_twin(
+    db: Path,
+    run: str | None,
+    store: bool,
+    seed: int,
+    rescale: bool,
+    as_json: bool,
+    engine_flags: list[str],
+) -> None:
+    """The twin of a PD cluster run (no --profile): toolkit.twin_cluster."""
+    from telemetry import TelemetryError
+    from toolkit.twin_cluster import run_cluster_twin
+
+    if engine_flags:
+        typer.echo(
+            f"error: {', '.join(engine_flags)} set an engine model's settings: they need "
+            "--profile (the twin of a PD cluster run takes its settings from the run)",
+            err=True,
+        )
+        raise typer.Exit(EXIT_INPUT)
+    try:
+        result = run_cluster_twin(db, run, store=store, seed=seed, rescale=rescale)
+    except (ValueError, TelemetryError, FileNotFoundError) as exc:  # ConfigError is a ValueError
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_INPUT) from None
+    doc = result.to_json()
+    if as_json:
+        typer.echo(json.dumps(doc))
+        return
+    from rich.console import Console
+
+    console = Console()
+    console.print(_metrics_table(result.run_id, doc["requests"], result.metrics))
+    c = doc["cluster"]
+    fits = ", ".join(
+        f"node {f['node_id']} {f['phase']} {100 * f['mape']:.0f}%"
+        for f in c["fits"]
+        if f["mape"] is not None
+    )
+    console.print(
+        f"cluster: {c['nodes']} nodes {c['split']} (static), router {c['router']}, KV "
+        f"{c['kv_tokens']} tokens per node in blocks of {c['block_tokens']}; each phase priced "
+        f"by the run's fits (held-out MAPE: {fits}) times {c['scale']['prefill']:.2f} "
+        f"(prefill) and {c['scale']['decode']:.2f} (decode), their measured / modelled pass time"
+    )
+    if c["switches"]:
+        console.print(
+            f"[yellow]note:[/yellow] the run switched phases {c['switches']} times; the twin "
+            "keeps its initial split"
+        )
+    console.print(
+        f"simulated {doc['iterations']} iterations in {result.replay_wall_s:.2f} s"
+        + (f"; stored as run {result.twin_run_id}" if result.twin_run_id else "")
+    )

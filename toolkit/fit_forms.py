@@ -1,0 +1,294 @@
+"""`pdlab fit --form auto|paper|floor|ctx`: model forms chosen by evidence, per node and phase.
+
+The candidate forms of models.forms are aggregated from DuckDB exactly like Eq. 1-2
+(toolkit.fit_sql: one SQL pass per form and phase reduces the rows to Gram statistics per
+node and bucket), scored by K-fold cross-validation over the buckets, and the simplest form
+within one standard error of the best is kept. Held-out MAPE is measured on the held-out
+rows with the chosen form's coefficients (toolkit.fit_sql.heldout_mape).
+
+Intervals (`ci`):
+- "time" (the default here): buckets are 20 equal time windows of each node's iterations,
+  and models.forms.robust_ci resamples whole windows and pads for the relative-error bias,
+  so an interval covers what the form misses (a context mix drifting over the run), not
+  only iid noise. On the README's main job the nine identical decode nodes' d2 intervals
+  (ctx form) all hold the profile's true d2, where Eq. 2 with row-hash buckets gave nine
+  disjoint intervals between 2.6e-4 and 3.5e-4.
+- "rows": the hash buckets of toolkit.fitting (sampling noise only), as `pdlab fit` without
+  --form does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Literal
+
+from models.fitting import FitError, GramStats, bootstrap_ci, fit_from_gram
+from models.forms import (
+    Form,
+    FormChoice,
+    candidates,
+    decode_model,
+    form_by_label,
+    prefill_model,
+    robust_ci,
+    select_form,
+)
+from models.occupancy import NodeModel
+from toolkit.fit_sql import HASH_MOD, PHASE_SQL, Agg, PhaseSql, aggregate, heldout_mape
+from toolkit.fitting import (
+    PHASES,
+    FitInputError,
+    Phase,
+    PhaseFit,
+    RunFit,
+    _assemble,
+    _checked_run,
+    _connect,
+    _log_bases,
+    _moe_problem,
+    _moe_shapes,
+    _Reader,
+)
+
+CiMethod = Literal["time", "rows"]
+NUM_TIME_BLOCKS = 20
+CV_FOLDS = 5
+# Each node's iterations split into NUM_TIME_BLOCKS equal windows of its own time span.
+TIME_BUCKET_SQL = (
+    f"least(coalesce(floor((t.t_start - min(t.t_start) OVER (PARTITION BY t.node_id)) "
+    f"/ nullif(max(t.t_start) OVER (PARTITION BY t.node_id) "
+    f"- min(t.t_start) OVER (PARTITION BY t.node_id), 0) * {NUM_TIME_BLOCKS}), 0), "
+    f"{NUM_TIME_BLOCKS - 1})::BIGINT"
+)
+
+
+def _total(buckets: list[GramStats], p: int) -> GramStats:
+    total = GramStats.zeros(p)
+    for b in buckets:
+        total = total + b
+    return total
+
+
+def form_sql(form: Form) -> PhaseSql:
+    """How a form's design row is computed in SQL from its phase's iteration table."""
+    base = PHASE_SQL["prefill" if form.phase == "prefill" else "decode"]
+    if form.phase == "prefill":
+        if form.name == "paper":
+            return base
+        uc = f"CASE WHEN t.t_uc > 0 THEN greatest(t.t_uc::DOUBLE, {form.knee_tokens!r}) ELSE t.t_uc::DOUBLE END"
+        if form.name == "floor":
+            return PhaseSql(base.table, form.terms, (uc, *base.features[1:]), base.valid, False)
+        # roofline: + sum t_c (KV read) + phi(sum t_uc) (m.log_base = ln(1 - k/E), 0 if dense)
+        extra = ("t.t_c::DOUBLE", "1.0 - exp(t.t_uc * m.log_base)")
+        valid = f"{base.valid} AND t.t_c >= 0"
+        return PhaseSql(base.table, form.terms, (uc, *base.features[1:], *extra), valid, True)
+    if form.phase == "decode" and form.name == "ctx":
+        return PhaseSql(
+            base.table,
+            form.terms,
+            (*base.features, "t.ctx_tokens::DOUBLE"),
+            f"{base.valid} AND t.ctx_tokens >= 0",
+            True,
+        )
+    if form.phase == "decode":
+        return base
+    raise ValueError(f"{form.label}: mixed iterations are not logged in the SPEC §3 tables")
+
+
+def _ci(
+    agg: Agg, form: Form, coef: tuple[float, ...], method: CiMethod, n: int, seed: int
+) -> tuple[tuple[float, float], ...]:
+    if method == "time":
+        return robust_ci(agg.buckets, form.terms, coef, resamples=n, seed=seed)
+    return bootstrap_ci(agg.buckets, form.terms, resamples=n, seed=seed)
+
+
+def _choose(
+    node: int,
+    phase: Phase,
+    forms: tuple[Form, ...],
+    aggs: dict[str, dict[int, Agg]],
+    problem: str | None,
+    bootstrap: int,
+    ci: CiMethod,
+    seed: int,
+) -> tuple[PhaseFit, list[str], Form | None]:
+    where = f"node {node} {phase}"
+    first = aggs[forms[0].label].get(node)
+    if first is None:
+        return PhaseFit(phase, None, 0, message=f"{where}: no {phase} iterations logged"), [], None
+    notes = []
+    if first.num_invalid:
+        notes.append(
+            f"{first.num_invalid} iterations excluded (duration_s <= 0, non-finite, negative or missing values)"
+        )
+    if problem is not None:
+        valid = first.num_train + first.num_test
+        return (
+            PhaseFit(
+                phase, None, 0, first.num_test, message=f"{where}: {valid} iterations but {problem}"
+            ),
+            notes,
+            None,
+        )
+    need = 2 * len(forms[0].terms) + 2
+    if first.num_train < need:
+        detail = f"{first.num_train + first.num_test} valid, {first.num_test} held out"
+        if first.num_invalid:
+            detail += f", {first.num_invalid} excluded"
+        msg = (
+            f"{where}: only {first.num_train} training iterations ({detail}), need at least {need}"
+        )
+        return PhaseFit(phase, None, first.num_train, first.num_test, message=msg), notes, None
+    scored = [(f, aggs[f.label][node].buckets) for f in forms if node in aggs[f.label]]
+    always = (forms[0].terms[0],)
+    try:
+        if len(scored) == 1:
+            only, buckets = scored[0]
+            coef, fixed = fit_from_gram(
+                _total(buckets, len(only.terms)), only.terms, min_samples=need, always=always
+            )
+            choice = FormChoice(only, tuple(float(c) for c in coef), fixed, ())
+        else:
+            choice = select_form(scored, folds=CV_FOLDS, always=always)
+    except FitError as exc:
+        msg = f"{where}: {exc}"
+        return PhaseFit(phase, None, first.num_train, first.num_test, message=msg), notes, None
+    agg = aggs[choice.form.label][node]
+    interval = None
+    if bootstrap > 0:
+        try:
+            interval = _ci(agg, choice.form, choice.coef, ci, bootstrap, seed)
+        except FitError as exc:
+            notes.append(f"no confidence interval: {exc}")
+    cv = tuple((s.form.label, s.cv_rmse) for s in choice.scores)
+    fit = PhaseFit(
+        phase,
+        choice.coef,
+        agg.num_train,
+        agg.num_test,
+        None,
+        interval,
+        choice.fixed,
+        None,
+        choice.form.label,
+        choice.form.terms,
+        cv,
+    )
+    return fit, notes, choice.form
+
+
+def _pools(form: str) -> dict[Phase, tuple[Form, ...]]:
+    """Each phase's candidates; a form of one phase only (floor, ctx) leaves the other on
+    its paper form."""
+    pools: dict[Phase, tuple[Form, ...]] = {}
+    problems = []
+    for phase in PHASES:
+        try:
+            pools[phase] = candidates(phase, form)
+        except ValueError as exc:
+            problems.append(str(exc))
+            pools[phase] = candidates(phase, "paper")
+    if len(problems) == len(PHASES):
+        raise FitInputError(f"unknown form {form!r}; forms: auto, paper, floor, roofline, ctx")
+    return pools
+
+
+def fit_run_forms(
+    db: str | Path | _Reader,
+    run_id: str | None = None,
+    node_ids: Iterable[int] | None = None,
+    *,
+    form: str = "auto",
+    holdout: float = 0.2,
+    bootstrap: int = 200,
+    ci: CiMethod = "time",
+    seed: int = 0,
+) -> RunFit:
+    """Fit each node's prefill and decode with the form `form` names ('auto': chosen by CV).
+
+    Same contract as toolkit.fitting.fit_run (never raises for one node's bad data;
+    FitInputError when the database or run cannot be fitted at all).
+    """
+    if not 0.0 <= holdout < 1.0:
+        raise FitInputError(f"holdout must be a fraction in [0, 1), got {holdout}")
+    if bootstrap < 0:
+        raise FitInputError(f"bootstrap must be >= 0 resamples, got {bootstrap}")
+    if ci not in ("time", "rows"):
+        raise FitInputError(f"ci must be 'time' or 'rows', got {ci!r}")
+    pools = _pools(form)
+    threshold = round(holdout * HASH_MOD)
+    wanted = None if node_ids is None else sorted({int(n) for n in node_ids})
+    bucket_sql = TIME_BUCKET_SQL if ci == "time" else None
+    with _connect(db) as (con, label, db_tables):
+        run, note = _checked_run(con, label, db_tables, run_id)
+        shapes = _moe_shapes(con, run)
+        bases = _log_bases(shapes)
+        aggs = {
+            phase: {
+                f.label: aggregate(con, form_sql(f), run, wanted, threshold, bases, bucket_sql)
+                for f in pools[phase]
+            }
+            for phase in PHASES
+        }
+        seen = {n for phase in PHASES for per in aggs[phase].values() for n in per}
+        nodes = sorted(set(shapes) | seen)
+        if wanted is not None:
+            unknown = [n for n in wanted if n not in nodes]
+            if unknown:
+                raise FitInputError(f"node(s) {unknown} not in run {run!r}; nodes: {nodes}")
+            nodes = wanted
+        results: dict[Phase, dict[int, tuple[PhaseFit, list[str]]]] = {}
+        for phase in PHASES:
+            per: dict[int, tuple[PhaseFit, list[str]]] = {}
+            chosen: dict[str, tuple[Form, dict[int, tuple[float, ...]]]] = {}
+            for n in nodes:
+                problem = _moe_problem(shapes.get(n)) if phase == "decode" else None
+                fit, notes, f = _choose(
+                    n, phase, pools[phase], aggs[phase], problem, bootstrap, ci, seed
+                )
+                per[n] = (fit, notes)
+                if f is not None and fit.coef is not None:
+                    chosen.setdefault(f.label, (f, {}))[1][n] = fit.coef
+            for f, coefs in chosen.values():
+                for n, (count, value) in heldout_mape(
+                    con, form_sql(f), run, threshold, coefs, bases
+                ).items():
+                    fit, notes = per[n]
+                    per[n] = (fit._replace(mape=value, samples_test=count), notes)
+            results[phase] = per
+    return _assemble(
+        run,
+        nodes,
+        results,
+        shapes,
+        holdout,
+        note,
+        lambda fit: (
+            [f"form {fit.form} chosen by {CV_FOLDS}-fold CV ({ci} buckets)"] if fit.cv else []
+        ),
+    )
+
+
+def node_models(
+    fit: RunFit,
+    moe: dict[int, tuple[int, int]] | None = None,
+    *,
+    t_fwd: float = 1.0,
+    mean_new_tokens: float = 8192.0,
+) -> dict[int, NodeModel]:
+    """The control plane's models (router, planner) of every node fitted in both phases,
+    with each phase's chosen form (its extra terms used by NodeModel's Eq. 3-4).
+
+    `moe` maps a node to its (top_k, num_experts) (dense when absent).
+    """
+    out: dict[int, NodeModel] = {}
+    for n in fit.nodes:
+        if n.prefill.coef is None or n.decode.coef is None:
+            continue
+        k, e = (moe or {}).get(n.node_id, (0, 0))
+        pre = prefill_model(form_by_label("prefill", n.prefill.form), n.prefill.coef, k, e)
+        dec = decode_model(form_by_label("decode", n.decode.form), n.decode.coef, k, e, t_fwd)
+        out[n.node_id] = NodeModel(pre, dec, mean_new_tokens=mean_new_tokens)
+    return out

@@ -1,0 +1,51 @@
+"""What a notebook of notebooks/ owns: its database and the size of its runs (SPEC §7).
+
+Each notebook writes and reads its own DuckDB file, `.data/<notebook>.duckdb` next to it
+(Jupyter runs a notebook in its own folder), started afresh on every execution: notebooks
+never read or write the live server's database (`PDLAB_DB`, which `pdlab lab` sets for
+notebook 04, the only one that talks to the server) nor each other's runs, and a figure
+always shows the run the notebook just made.
+
+`run_size` is the knob of a notebook's config cell: "default" runs in a minute or two on a
+small machine, "full" is the paper-sized run (paper 000 §6: 9 nodes, an hour of simulated
+time) and takes many minutes; "quick" (seconds) is what the tests execute, chosen with the
+environment variable `PDLAB_QUICK=1` whatever the cell says.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from cluster.core import ConfigError
+
+DATA_DIR = Path(".data")
+SIZES = ("quick", "default", "full")
+QUICK_ENV = "PDLAB_QUICK"
+
+
+def run_size(chosen: str = "default") -> str:
+    """The size a notebook runs at: `chosen` (its config cell), or "quick" when
+    $PDLAB_QUICK is 1 (the tests)."""
+    if chosen not in SIZES:
+        raise ConfigError(f"run size must be one of {', '.join(SIZES)}, got {chosen!r}")
+    return "quick" if os.environ.get(QUICK_ENV) == "1" else chosen
+
+
+def notebook_db(name: str, fresh: bool = True, data_dir: str | os.PathLike[str] = DATA_DIR) -> Path:
+    """`<data_dir>/<name>.duckdb`, the notebook's own database (the folder is created).
+
+    With `fresh`, what an earlier execution left there (the file, its write-ahead log and
+    live segments) is removed first, so the database holds only this execution's runs.
+    """
+    if not name or Path(name).name != name or name.startswith("."):
+        raise ConfigError(f"a notebook database is named by a plain file stem, got {name!r}")
+    folder = Path(data_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    db = folder / f"{name}.duckdb"
+    if fresh:
+        for leftover in (db, db.with_name(db.name + ".wal")):
+            leftover.unlink(missing_ok=True)
+        shutil.rmtree(db.with_name(db.name + ".live"), ignore_errors=True)
+    return db
