@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 
+from cluster.control.lock import ContendedRLock
 from cluster.sim.paced import PaceConfig, PacedSimulation
 from cluster.sim.simulator import SimConfig
 
@@ -67,9 +68,38 @@ def test_a_pacing_step_gives_way_to_a_thread_waiting_for_the_lock() -> None:
             engines._advance(sim, start + 3_000.0)
             assert sim.now <= start + 1.0  # one sub-step (0.1 simulated s), not 3,000 s
         waiter.join(10.0)
-        assert got.is_set() and not cp.lock.contended
+        # Not `not cp.lock.contended`: the live pacing thread itself may be waiting by now.
+        assert got.is_set()
         with cp.lock, cp.lock:  # still re-entrant
             pass
     finally:
         engines.stop()
 
+
+def test_the_lock_counts_its_waiters_and_stops_counting_when_they_have_it() -> None:
+    lock = ContendedRLock()
+    got = threading.Event()
+    release = threading.Event()
+
+    def waiter() -> None:
+        with lock:
+            got.set()
+            release.wait(10.0)
+
+    with lock, lock:  # re-entrant
+        assert not lock.contended
+        t = threading.Thread(target=waiter)
+        t.start()
+        while not lock.contended:
+            time.sleep(0.001)
+        assert lock.acquire(blocking=False)  # the owner re-enters while another waits
+        lock.release()
+    assert got.wait(10.0)
+    assert not lock.contended  # the waiter holds it now; nobody waits
+    assert not lock.acquire(blocking=False)  # held by the other thread
+    assert not lock.acquire(True, 0.01)  # a timed wait gives up ...
+    assert not lock.contended  # ... and is no longer counted
+    release.set()
+    t.join(10.0)
+    assert lock.acquire(blocking=False)
+    lock.release()
