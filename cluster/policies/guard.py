@@ -40,6 +40,10 @@ from cluster.policies.errors import PolicyError
 
 DEFAULT_HOOK_BUDGET_S = 10.0  # wall seconds one hook call may take before the run fails
 _IDLE_EXIT_S = 5.0  # the watchdog thread ends after this long without armed calls
+# The watchdog checks armed calls every budget/20 of the smallest budget, at least every 0.5 s:
+# a hook is stopped within 0.5 s past its budget, and the default 10 s budget wakes the thread
+# twice a second, not twenty times (each wake takes the GIL from the simulator's loop).
+_MAX_POLL_S = 0.5
 # The signal that interrupts the main thread: a real-time one nobody else uses, where the OS
 # has them (SIGALRM is taken by timers, test runners' timeouts, ...).
 _SIGNAL: int | None = (
@@ -82,7 +86,7 @@ class _Watchdog:
         self._main_ident = threading.main_thread().ident
         self.main_call: _Call | None = None  # read by the signal handler (no lock there)
         self.signals_sent: collections.deque[int] = collections.deque()
-        self._poll_s = 0.05
+        self._poll_s = _MAX_POLL_S
 
     # -- hook side ---------------------------------------------------------------------------
 
@@ -90,7 +94,7 @@ class _Watchdog:
         call = _Call(threading.get_ident(), budget_s)
         with self._lock:
             self._armed[id(call)] = call
-            self._poll_s = min(self._poll_s, budget_s / 4)
+            self._poll_s = min(self._poll_s, budget_s / 20)
             if call.ident == self._main_ident:
                 self.main_call = call
             if self._thread is None:
@@ -121,7 +125,7 @@ class _Watchdog:
                 if not self._armed:
                     if now - idle_since > _IDLE_EXIT_S:
                         self._thread = None
-                        self._poll_s = 0.05
+                        self._poll_s = _MAX_POLL_S
                         return
                     continue
                 idle_since = now
