@@ -23,6 +23,19 @@ from cluster.core import ConfigError
 console = Console(stderr=True)
 
 
+def forms_line(forms: dict[str, str]) -> str:
+    """'prefill: paper (0, 1); decode: ctx (0), paper (1)' from node.phase -> form."""
+    parts = []
+    for phase in ("prefill", "decode"):
+        by: dict[str, list[str]] = {}
+        for key, form in forms.items():
+            node, _, ph = key.partition(".")
+            if ph == phase:
+                by.setdefault(form, []).append(node)
+        parts.append(f"{phase}: " + ", ".join(f"{f} ({', '.join(n)})" for f, n in by.items()))
+    return "; ".join(parts)
+
+
 def simulate_command(
     workload: str = typer.Option("cc", help="putnam | cc | osworld | shift | path to a trace file"),
     nodes: int = typer.Option(9, help="Number of nodes (each 4 GPUs in the presets)"),
@@ -118,6 +131,13 @@ def simulate_command(
         None,
         "--gpu-memory-utilization",
         help="Share of --gpu-memory-gib the engine may use, in (0, 1] (default 0.9)",
+    ),
+    form: str = typer.Option(
+        "paper",
+        "--form",
+        help="Iteration-time forms the warmup fits and the planner and router price with: "
+        "paper (Eq. 1/2), auto (chosen per node by cross-validation, as `pdlab fit --form "
+        "auto`), floor, roofline, ctx",
     ),
     max_programs: int | None = typer.Option(None, help="Admit at most this many programs"),
     cycle: bool = typer.Option(
@@ -217,6 +237,7 @@ def simulate_command(
         dispatch=dispatch,
         policy_param=tuple(policy_param),
         hook_budget=hook_budget,
+        form=form,
     )
     try:
         cfg = options.to_config()  # checked: a bad option fails before the progress bar
@@ -286,6 +307,8 @@ def simulate_command(
         if v is None:
             continue  # not applicable to this run (no partitions, no finished program, ...)
         table.add_row(key, f"{v:.4g}" if isinstance(v, float) else str(v))
+    if summary.get("warmup_forms"):
+        table.add_row("warmup_forms", forms_line(summary["warmup_forms"]))
     Console().print(table)
     note = trace_note(summary, agents_given=agents is not None)
     if note:

@@ -46,6 +46,7 @@ _FIELD_OF = {
     "cooldown": "cooldown_s",
     "cycle": "trace_cycle",
     "hook_budget": "hook_budget_s",
+    "form": "fit_form",
 }
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(SimConfig)}
 
@@ -143,6 +144,7 @@ class SimOptions:
     dispatch: str | None = None
     policy_param: tuple[str, ...] = ()
     hook_budget: float | None = None  # seconds one policy hook call may take; 0: no limit
+    form: str | None = None  # the warmup's fitted forms (SimConfig.fit_form)
 
     def fields(self) -> dict[str, Any]:
         """The SimConfig fields these options give (defaults resolved, nothing checked)."""

@@ -11,6 +11,9 @@ from cluster.hardware.profiles import HardwareProfile
 from cluster.kv.eviction import EVICTION_POLICIES
 from cluster.policies.guard import DEFAULT_HOOK_BUDGET_S
 
+# What `fit_form` may name (models.forms; the mixed forms do not apply to the simulator).
+SIM_FORMS = ("paper", "auto", "floor", "roofline", "ctx")
+
 # Alg. E.3's T_learn when not given: paper 000's node models converge within a minute of
 # learning (Fig. 8a), so a few minutes suffice and the split adapts before scoring starts.
 DEFAULT_LEARN_S = 300.0
@@ -122,6 +125,9 @@ class SimConfig:
     # The router prices prefill with each node's fitted form (the profile's extra terms:
     # ControlPlaneConfig.prefill_forms) instead of Eq. 3 alone.
     prefill_forms: bool = False
+    # The iteration-time forms fitted at the end of warmup (models.forms): "paper" (Eq. 1/2),
+    # "auto" (chosen per node by cross-validation) or one form's name.
+    fit_form: str = "paper"
 
     def __post_init__(self) -> None:
         for family in ("retention", "scheduling", "dispatch"):
@@ -153,6 +159,10 @@ class SimConfig:
         if not self.host_kv and self.split != "collocated":
             raise ConfigError(
                 "host_kv=False (a single GPU KV pool, no host tier) needs --split collocated"
+            )
+        if self.fit_form not in SIM_FORMS:
+            raise ConfigError(
+                f"--form must be one of {', '.join(SIM_FORMS)} (models.forms), got {self.fit_form!r}"
             )
         if self.max_programs is not None and self.max_programs < 1:
             raise ConfigError(f"max_programs must be >= 1, got {self.max_programs}")

@@ -42,7 +42,7 @@ class DecodeStage:
         done: Callable[[SimNode, SimRequest], None],
         preempt: Callable[[SimNode, SimRequest], None],
         schedule: Callable[[SimNode], None],
-        iterations: Callable[[int, int, np.ndarray], None],
+        iterations: Callable[[int, int, np.ndarray, np.ndarray], None],
         track_waits: bool = False,
     ) -> None:
         self.kernel = kernel
@@ -135,7 +135,7 @@ class DecodeStage:
                 "ctx_tokens": ctx.astype(np.int64).tolist(),
             },
         )
-        self.iterations(node.id, b, durs)
+        self.iterations(node.id, b, durs, ctx)
         node.decode_iter += n_it
         node.epoch = None
         node.memory.settle_epoch(e.batch, n_it, self.kernel.now)

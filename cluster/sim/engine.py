@@ -57,8 +57,8 @@ class NodeEngine:
         fifo: bool,
         limits: bool,
         max_num_seqs: int | None,
-        on_prefill_iteration: Callable[[int, float, float, float, float], None],
-        on_decode_iterations: Callable[[int, int, np.ndarray], None],
+        on_prefill_iteration: Callable[[int, float, float, float, float, float], None],
+        on_decode_iterations: Callable[[int, int, np.ndarray, np.ndarray], None],
     ) -> None:
         self.kernel = kernel
         self.cp = cp

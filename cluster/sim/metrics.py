@@ -68,6 +68,8 @@ class RunRecord:
     dispatch: str | None
     trace: TraceReplay | None = None  # a trace replay only
     limits: Mapping[str, Any] | None = None  # the engine limits of a run that sets them
+    # "node.phase" -> the form the warmup chose (a run with fit_form other than "paper")
+    forms: Mapping[str, str] | None = None
 
 
 def _pct(a: np.ndarray, q: float) -> float:
@@ -121,7 +123,7 @@ def summarize(run: RunRecord) -> dict[str, Any]:
         ]
     )
     queueing = np.array([r.t_prefill_start - r.t_routed for r in started])  # type: ignore[operator]
-    summary = {
+    summary: dict[str, Any] = {
         "run_id": run.run_id,
         "workload": cfg.workload,
         "nodes": cfg.nodes,
@@ -173,6 +175,8 @@ def summarize(run: RunRecord) -> dict[str, Any]:
     }
     if run.trace is not None:
         summary |= {f"trace_{k}": v for k, v in run.trace._asdict().items()}
+    if run.forms is not None:
+        summary["warmup_forms"] = dict(run.forms)
     if run.limits is not None:
         decode_waits = np.array([r.decode_wait for r in done])
         summary |= {

@@ -52,7 +52,7 @@ class PrefillStage:
         finished: Callable[[SimNode, SimRequest], None],
         schedule: Callable[[SimNode], None],
         started: Callable[[SimRequest, int], None],
-        iteration: Callable[[int, float, float, float, float], None],
+        iteration: Callable[[int, float, float, float, float, float], None],
         max_num_seqs: int | None = None,
         limits: bool = False,
     ) -> None:
@@ -180,12 +180,12 @@ class PrefillStage:
         sum_a = sum(b[2] for b in batch)
         sum_rst = sum(b[3] for b in batch)
         sum_c = sum(b[4] for b in batch)
-        dur = self.profile.prefill_time(sum_uc, sum_a, sum_rst) * self._noise() + exposed
+        dur = self.profile.prefill_time(sum_uc, sum_a, sum_rst, sum_c) * self._noise() + exposed
         node.busy = True
         it = node.prefill_iter
         node.prefill_iter += 1
         self._log(node.id, it, now, dur, batch, sum_uc, sum_a, sum_rst, sum_c)
-        self.iteration(node.id, sum_uc, sum_a, sum_rst, dur)
+        self.iteration(node.id, sum_uc, sum_a, sum_rst, dur, sum_c)
         first_cached = sum(b[4] for b in batch if b[0].done_uc == 0)
         cp = self.cp
         cp.on_prefill_iteration(node.id, now, sum_uc, first_cached, sum_rst)

@@ -169,7 +169,7 @@ class Simulator:
             copy_price_s_per_token=cfg.copy_price_s_per_token,
             log_branch_counts=cfg.telemetry == "full",
             log_router_decisions=cfg.telemetry == "full",
-            prefill_forms=cfg.prefill_forms,
+            prefill_forms=cfg.prefill_forms or cfg.fit_form != "paper",
         )
         oracle = profile.node_model()
         self.cp = cp = ControlPlane(
@@ -199,7 +199,7 @@ class Simulator:
             raise ConfigError(f"trace_cycle (--cycle) needs a trace workload, not {cfg.workload!r}")
         if cfg.trace_cycle and getattr(self.source.params, "cycle", True) is False:
             raise ConfigError("trace_cycle (--cycle) contradicts the trace parameter cycle=False")
-        self.fit = fit = WarmupFit(profile, ids, warm=cfg.warmup_s == 0)
+        self.fit = fit = WarmupFit(profile, ids, warm=cfg.warmup_s == 0, form=cfg.fit_form)
         self.engine = engine = NodeEngine(
             kernel,
             cp,
@@ -337,6 +337,7 @@ class Simulator:
             dispatch=self.dispatch.name if self.dispatch is not None else None,
             trace=self.orchestrator.trace_replay(),
             limits=self._limits() if self.cfg.engine_limits else None,
+            forms=self.fit.forms() if self.cfg.fit_form != "paper" else None,
         )
 
     def _limits(self) -> dict[str, Any]:
