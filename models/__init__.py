@@ -6,20 +6,28 @@ predicted TTFT with exposed fetch and copy price (Eq. 7, Alg. E.3), and nonnegat
 least-squares fitting. Nothing here does I/O or depends on other pdlab packages.
 """
 
-from models.fitting import (
-    DecodeRegressor,
-    FitResult,
-    GramStats,
-    PrefillRegressor,
-    fit_from_gram,
-    mape,
-)
+from typing import TYPE_CHECKING
+
+from models.fitting import FitResult, GramStats, fit_from_gram, mape
 from models.gain import CandidateGain, gain_test
 from models.iteration import DecodeModel, PrefillModel, phi
 from models.occupancy import NodeModel
 from models.throughput import cluster_throughput
 from models.ttft import FetchModel, predicted_ttft
 from models.work import MeanWork, RequestWork, attn_pairs
+
+if TYPE_CHECKING:
+    from models.estimators import DecodeRegressor, PrefillRegressor
+
+
+def __getattr__(name: str) -> object:
+    # scikit-learn is imported only by those who use the estimators (it takes seconds).
+    if name in ("PrefillRegressor", "DecodeRegressor"):
+        from models import estimators
+
+        return getattr(estimators, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "CandidateGain",

@@ -18,8 +18,6 @@ from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
-from scipy.optimize import nnls
-from sklearn.base import BaseEstimator, RegressorMixin
 
 from models.iteration import phi
 
@@ -102,6 +100,8 @@ def _nnls_gram(xtx: FloatArray, xty: FloatArray, active: npt.NDArray[np.bool_]) 
     else:  # pragma: no cover - gs is PSD with unit diagonal, jitter 1e-2 always works
         raise FitError("Gram matrix is not positive semidefinite")
     z = np.linalg.solve(r.T, bs)
+    from scipy.optimize import nnls  # imported when first needed: scipy.optimize takes ~1 s
+
     cs, _ = nnls(r, z, maxiter=50 * idx.size)
     coef[idx] = cs / scale
     return coef
@@ -227,62 +227,3 @@ def decode_features(
     return np.column_stack(
         [np.ones_like(b), phi(b, top_k, num_experts, t_fwd) * np.ones_like(b), b]
     )
-
-
-class _LinearNNLSRegressor(RegressorMixin, BaseEstimator):
-    """Shared scikit-learn plumbing: fit relative-error NNLS on a design matrix.
-
-    After `fit`: `coef_` (seconds), `fixed_` (terms fixed at 0), `n_samples_`.
-    """
-
-    _terms: tuple[str, ...] = ()
-    coef_: FloatArray
-    fixed_: tuple[str, ...]
-    n_samples_: int
-
-    def _design(self, x: FloatArray) -> FloatArray:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def fit(self, x: FloatArray, y: FloatArray) -> _LinearNNLSRegressor:
-        stats = GramStats.from_rows(self._design(x), np.asarray(y, dtype=np.float64))
-        self.coef_, self.fixed_ = fit_from_gram(stats, self._terms, always=("c0", "d0"))
-        self.n_samples_ = stats.n
-        return self
-
-    def predict(self, x: FloatArray) -> FloatArray:
-        return self._design(x) @ self.coef_
-
-
-class PrefillRegressor(_LinearNNLSRegressor):
-    """Eq. 1 as a scikit-learn regressor. X columns: sum t_uc, sum A, sum t_rst (per iteration)."""
-
-    _terms = PREFILL_TERMS
-
-    def __init__(self) -> None:
-        pass
-
-    def _design(self, x: FloatArray) -> FloatArray:
-        a = np.asarray(x, dtype=np.float64)
-        if a.ndim != 2 or a.shape[1] != 3:
-            raise ValueError(
-                f"PrefillRegressor expects X with 3 columns (sum t_uc, sum A, sum t_rst), got shape {a.shape}"
-            )
-        return prefill_features(a[:, 0], a[:, 1], a[:, 2])
-
-
-class DecodeRegressor(_LinearNNLSRegressor):
-    """Eq. 2 as a scikit-learn regressor. X columns: batch size B, t_fwd (per iteration)."""
-
-    _terms = DECODE_TERMS
-
-    def __init__(self, top_k: int = 8, num_experts: int = 256) -> None:
-        self.top_k = top_k
-        self.num_experts = num_experts
-
-    def _design(self, x: FloatArray) -> FloatArray:
-        a = np.asarray(x, dtype=np.float64)
-        if a.ndim != 2 or a.shape[1] != 2:
-            raise ValueError(
-                f"DecodeRegressor expects X with 2 columns (batch size, t_fwd), got shape {a.shape}"
-            )
-        return decode_features(a[:, 0], a[:, 1], self.top_k, self.num_experts)

@@ -20,7 +20,7 @@ import numpy as np
 import polars as pl
 from sklearn.model_selection import KFold, cross_val_predict
 
-from models.fitting import DecodeRegressor, PrefillRegressor
+from models.estimators import DecodeRegressor, PrefillRegressor
 from toolkit.real_profiles import compose_decode, compose_prefill, load_profile
 
 SERVING_MIN_TOKENS = 512  # chunked-prefill engines run chunks of >= 512 tokens

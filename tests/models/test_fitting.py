@@ -7,13 +7,12 @@ import pytest
 from sklearn.base import clone
 from sklearn.model_selection import cross_val_score
 
+from models.estimators import DecodeRegressor, PrefillRegressor
 from models.fitting import (
     DECODE_TERMS,
     PREFILL_TERMS,
-    DecodeRegressor,
     FitError,
     GramStats,
-    PrefillRegressor,
     bootstrap_ci,
     decode_features,
     fit_from_gram,
@@ -169,3 +168,17 @@ def test_regressors_reject_wrong_shapes():
         PrefillRegressor().fit(np.ones((20, 2)), np.ones(20))
     with pytest.raises(ValueError, match="2 columns"):
         DecodeRegressor().predict(np.ones((4, 3)))
+
+
+def test_the_simulator_imports_no_scikit_learn_and_the_estimators_still_import() -> None:
+    """scikit-learn (seconds to import) loads only for the estimators (models.estimators)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, cluster.sim.simulator, cluster.sim.bench\n"
+        "assert 'sklearn' not in sys.modules and 'scipy.stats' not in sys.modules\n"
+        "from models import PrefillRegressor, DecodeRegressor\n"
+        "assert 'sklearn' in sys.modules and PrefillRegressor.__module__ == 'models.estimators'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

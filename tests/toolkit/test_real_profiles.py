@@ -22,7 +22,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from models.fitting import PrefillRegressor
+from models.estimators import PrefillRegressor
 from telemetry import TelemetryWriter
 from toolkit.fitting import fit_run
 from toolkit.real_profile_report import SERVING_MIN_TOKENS, ProfileReport, format_report, validate

@@ -21,7 +21,8 @@ import numpy as np
 
 from cluster.sglang.wire.fpm import DecodeRow, PrefillRow
 from models import DecodeModel, NodeModel, PrefillModel
-from models.fitting import DecodeRegressor, FitError, PrefillRegressor
+from models.estimators import DecodeRegressor, PrefillRegressor
+from models.fitting import FitError
 
 log = logging.getLogger(__name__)
 
