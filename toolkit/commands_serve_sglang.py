@@ -11,7 +11,6 @@ Policies (router, planner, tokenizer, timeouts) come from the file's [cluster] t
 from __future__ import annotations
 
 import contextlib
-import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,12 +54,9 @@ def serve_sglang(
     import uvicorn
 
     from cluster.sglang.live.cluster import SGLangCluster
-    from toolkit.processes import serving
+    from toolkit.processes import log_to_stderr, serving
 
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    log_to_stderr()
     try:
         cluster = SGLangCluster(cluster_file, db_path=db, run_id=run_id)
         cluster.prepare()

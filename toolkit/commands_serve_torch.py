@@ -17,7 +17,6 @@ then the engines.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import sys
 import threading
@@ -171,12 +170,9 @@ def serve_torch(
     import uvicorn
 
     from toolkit.commands_serve_sglang import create_sglang_app
-    from toolkit.processes import serving
+    from toolkit.processes import log_to_stderr, serving
 
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    log_to_stderr()
     url = f"http://{host}:{port}"
     local = f"http://127.0.0.1:{port}" if host in ("0.0.0.0", "::") else url
     server: uvicorn.Server | None = None

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import signal
 import subprocess
@@ -39,6 +40,15 @@ class _Handler:
 
 
 _state = _Handler()
+
+
+def log_to_stderr() -> None:
+    """A live server's logs: INFO lines with timestamps on stderr, httpx's per-request lines
+    left out (one per proxied request)."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
