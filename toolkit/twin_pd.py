@@ -21,6 +21,7 @@ TTFT is far below a vLLM engine's and its TPOT above; the interval says so.
 from __future__ import annotations
 
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +107,9 @@ def pd_what_if(
         )
     inputs = base.inputs
     engine = inputs.engine
-    prof = load_profile(str(profile))
+    # The twin's pricer: the profile's grid with the recorded interconnect (what the
+    # collocated nodes' mixed iterations are priced with, as the engine model's are).
+    prof = replace(load_profile(str(profile)), pricer=inputs.pricer)
     dp = engine.data_parallel_size
     split = str(changes.get("split", "collocated"))
     nodes = _nodes(split, dp)

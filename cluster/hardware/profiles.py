@@ -146,6 +146,24 @@ class HardwareProfile:
         )
         return base + self.decode_ctx_s_per_token * ctx_tokens
 
+    def mixed_time(
+        self,
+        sum_t_uc: float,
+        sum_attn_pairs: float,
+        sum_t_rst: float,
+        sum_t_c: float,
+        batch_size: int,
+        ctx_tokens: float,
+    ) -> float:
+        """Ground truth of one iteration running prefill chunks and a decode batch together
+        (models.forms' mixed "paper" form: Eq. 1 + Eq. 2 sharing one constant, the larger
+        of c0 and d0), for profiles without a measured-grid `pricer`."""
+        t = self.prefill_time(sum_t_uc, sum_attn_pairs, sum_t_rst, sum_t_c)
+        if batch_size <= 0:
+            return t
+        decode = float(self.decode_times(batch_size, np.array([ctx_tokens]))[0])
+        return t + decode - min(self.prefill[0], self.decode[0])
+
 
 PRESETS: dict[str, HardwareProfile] = {
     "gb300": HardwareProfile(

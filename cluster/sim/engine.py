@@ -3,7 +3,9 @@
 `NodeEngine` runs every node's work: a routed request waits in its prefill node's queue
 (in priority order; FCFS keeps arrival order) while KV fetched from peers' host memory
 arrives (async fetch, §4.2); chunked prefill (`PrefillStage`) and decode epochs
-(`DecodeStage`) alternate per node as `schedule` decides; at prefill end the request's KV
+(`DecodeStage`) alternate per node as `schedule` decides (with engine limits a collocated
+node runs vLLM V1's mixed iterations instead, `MixedStage`: its decodes and prefill chunks
+in one forward pass, decode epochs only while no prefill may start); at prefill end the request's KV
 moves to its decode node (write-through to the pool, then a transfer delay) and joins the
 decode batch there. Under memory pressure the unified pool's victim is preempted: it
 frees its KV and waits at the front of the queue to be recomputed (vLLM). With engine
@@ -35,6 +37,7 @@ from cluster.sim.buffer import BufferedSink
 from cluster.sim.decode import DecodeStage
 from cluster.sim.entities import SimRequest
 from cluster.sim.kernel import FETCH, TRANSFER, EventKernel
+from cluster.sim.mixed import MixedStage
 from cluster.sim.node import SimNode
 from cluster.sim.prefill import PrefillStage
 
@@ -103,6 +106,7 @@ class NodeEngine:
             iterations=on_decode_iterations,
             track_waits=limits,
         )
+        self.mixed = MixedStage(kernel, profile, self.prefill, self.decode)
 
     # ---- queueing -------------------------------------------------------------------------
     def enqueue(self, req: SimRequest, node_id: int, cached: int, fetch: int) -> None:
@@ -165,14 +169,23 @@ class NodeEngine:
             if joins or (serves_prefill and self.prefill.ready(node)):
                 self.decode.cut_epoch(node)
             return
-        if (serves_prefill or node.prefilling) and self.prefill.ready(node):
-            self.prefill.start(node)
-            return
-        if collocated or node.phase == "decode" or node.decode_batch or node.join_queue:
+        if collocated and self.limits:
+            # vLLM V1: the running decodes and prefill chunks in one iteration (mixed).
             self.decode.admit_joins(node)
+            if self.prefill.ready(node) and self.mixed.start(node):
+                return
             if node.decode_batch:
                 self.decode.start_epoch(node)
                 return
+        else:
+            if (serves_prefill or node.prefilling) and self.prefill.ready(node):
+                self.prefill.start(node)
+                return
+            if collocated or node.phase == "decode" or node.decode_batch or node.join_queue:
+                self.decode.admit_joins(node)
+                if node.decode_batch:
+                    self.decode.start_epoch(node)
+                    return
         if node.switch is not None and node.idle():
             self.on_switch_ready(node)
 

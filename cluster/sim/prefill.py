@@ -34,6 +34,16 @@ from cluster.sim.node import SimNode
 Chunk = tuple[SimRequest, int, float, int, int]
 
 
+def sums(batch: list[Chunk]) -> tuple[int, float, int, int]:
+    """(sum t_uc, sum A, sum t_rst, sum t_c) over a batch's chunks."""
+    return (
+        sum(b[1] for b in batch),
+        sum(b[2] for b in batch),
+        sum(b[3] for b in batch),
+        sum(b[4] for b in batch),
+    )
+
+
 class PrefillStage:
     """Prefill iterations of every node. Wired by `cluster.sim.engine.NodeEngine`:
     `finished(node, req)` when a request's prefill ends, `schedule(node)` after each
@@ -138,6 +148,17 @@ class PrefillStage:
 
     def start(self, node: SimNode) -> None:
         """Launch the node's next prefill iteration (if it has work that may start)."""
+        batch, exposed = self.select(node)
+        if not batch:
+            return
+        sum_uc, sum_a, sum_rst, sum_c = sums(batch)
+        dur = self.profile.prefill_time(sum_uc, sum_a, sum_rst, sum_c) * self._noise() + exposed
+        self.launch(node, batch, dur)
+        self.kernel.push(self.kernel.now + dur, PREFILL_END, self.end, node, batch)
+
+    def select(self, node: SimNode, admit: bool = True) -> tuple[list[Chunk], float]:
+        """The chunks of the node's next iteration (those under way first, then queued
+        requests that may start, unless not `admit`) and the fetch time they expose."""
         now = self.kernel.now
         budget, seats = self._room(node)
         batch: list[Chunk] = []
@@ -149,7 +170,7 @@ class PrefillStage:
             ctx = req.t_c + req.done_uc
             batch.append((req, take, take * ctx + take * (take + 1) / 2.0, 0, ctx))
             budget -= take
-        if budget > 0 and node.queue:
+        if admit and budget > 0 and node.queue:
             mem = node.memory
             keep: list[SimRequest] = []
             blocked = False  # a call that does not get memory stops admission (vLLM)
@@ -174,13 +195,13 @@ class PrefillStage:
                 node.prefilling.append(req)
                 budget -= take
             node.queue = keep
-        if not batch:
-            return
-        sum_uc = sum(b[1] for b in batch)
-        sum_a = sum(b[2] for b in batch)
-        sum_rst = sum(b[3] for b in batch)
-        sum_c = sum(b[4] for b in batch)
-        dur = self.profile.prefill_time(sum_uc, sum_a, sum_rst, sum_c) * self._noise() + exposed
+        return batch, exposed
+
+    def launch(self, node: SimNode, batch: list[Chunk], dur: float) -> None:
+        """An iteration of `batch` lasting `dur` starts: the node is busy, the row is logged,
+        the fit and the control plane hear of it. The caller schedules its end."""
+        now = self.kernel.now
+        sum_uc, sum_a, sum_rst, sum_c = sums(batch)
         node.busy = True
         it = node.prefill_iter
         node.prefill_iter += 1
@@ -198,7 +219,6 @@ class PrefillStage:
         cp.on_report(node.report(now, remaining))
         for req, _take, a, *_ in batch:
             req.attn_pairs += a
-        self.kernel.push(now + dur, PREFILL_END, self.end, node, batch)
 
     def _log(
         self,
@@ -242,6 +262,13 @@ class PrefillStage:
     def end(self, node: SimNode, batch: list[Chunk]) -> None:
         """The iteration ended: requests whose last chunk ran leave the prefill batch."""
         node.busy = False
+        for req in self.advance(node, batch):
+            self.finished(node, req)
+        self.schedule(node)
+
+    def advance(self, node: SimNode, batch: list[Chunk]) -> list[SimRequest]:
+        """Count the chunks of `batch` as computed; returns the requests whose prefill
+        ended (they leave the node's prefill batch)."""
         finished = []
         for req, take, *_ in batch:
             req.done_uc += take
@@ -250,6 +277,4 @@ class PrefillStage:
         if finished:
             done_ids = {id(r) for r in finished}
             node.prefilling = [r for r in node.prefilling if id(r) not in done_ids]
-        for req in finished:
-            self.finished(node, req)
-        self.schedule(node)
+        return finished

@@ -6,13 +6,14 @@
   `max_num_batched_tokens` (running requests first, then waiting ones FCFS, chunked
   prefill), with recompute preemption when KV runs out;
 - `replay.replay`: a standalone event loop over one engine per DP rank, each iteration
-  priced by `cluster.hardware.pricer.IterationPricer` (the twin, `pdlab twin`).
+  priced by `pricing.iteration_time` over `cluster.hardware.pricer.IterationPricer` (the
+  twin, `pdlab twin`; the cluster simulator's mixed iterations price the same way).
 """
 
 from cluster.sim.engine_model.block_pool import BlockPool
+from cluster.sim.engine_model.pricing import IterationOverhead, iteration_time
 from cluster.sim.engine_model.replay import (
     EngineReplay,
-    IterationOverhead,
     ReplayRequest,
     replay,
     replay_engine,
@@ -28,6 +29,7 @@ __all__ = [
     "ReplayRequest",
     "ScheduledBatch",
     "StepScheduler",
+    "iteration_time",
     "replay",
     "replay_engine",
 ]

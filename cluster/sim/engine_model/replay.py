@@ -8,19 +8,20 @@ clock by that time, apply the result. Requests arriving during an iteration are 
 next one, as in vLLM's engine loop. An iteration's time is the pricer's time of the mixed
 batch (prefill chunks over their cached tokens, decodes over their contexts) plus
 `IterationOverhead`: what the engine spends outside the profiled GPU operators (the
-scheduler, input preparation, sampling and output processing on the CPU).
+scheduler, input preparation, sampling and output processing on the CPU); the rule is
+`pricing.iteration_time`, which the cluster simulator's mixed iterations share.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from cluster.core import ConfigError
 from cluster.hardware.engine import EngineSettings
 from cluster.hardware.pricer import IterationPricer
 from cluster.sim.engine_model.block_pool import BlockPool, blocks_for
+from cluster.sim.engine_model.pricing import NO_OVERHEAD, IterationOverhead, iteration_time
 from cluster.sim.engine_model.scheduler import ScheduledBatch, StepScheduler
 from cluster.sim.engine_model.sequence import EngineRequest
 
@@ -34,17 +35,6 @@ class ReplayRequest(NamedTuple):
     prompt_tokens: int
     output_tokens: int
     engine: int | None = None  # DP rank that served it; None: round-robin
-
-
-@dataclass(frozen=True, slots=True)
-class IterationOverhead:
-    """Seconds per iteration outside the profiled operators: a + b * sequences in the batch."""
-
-    per_iteration_s: float = 0.0
-    per_sequence_s: float = 0.0
-
-    def __call__(self, num_sequences: int) -> float:
-        return self.per_iteration_s + self.per_sequence_s * num_sequences
 
 
 class EngineReplay(NamedTuple):
@@ -150,11 +140,10 @@ def batch_pricer(
     pricer: IterationPricer, overhead: IterationOverhead | None = None
 ) -> Callable[[ScheduledBatch, float], float]:
     """Seconds of a batch, given the tokens of its EP group (the pricer's `group_tokens`)."""
-    over = overhead or IterationOverhead()
+    over = overhead or NO_OVERHEAD
 
     def price(batch: ScheduledBatch, group_tokens: float) -> float:
-        cost = pricer.time(batch.prefill_chunks, batch.decode_kv, group_tokens)
-        return cost + over(len(batch.entries))
+        return iteration_time(pricer, batch.prefill_chunks, batch.decode_kv, group_tokens, over)
 
     return price
 

@@ -27,6 +27,7 @@ LAYERS = (
     "node",
     "prefill",
     "decode",
+    "mixed",
     "engine",
     "contexts",
     "planes",
