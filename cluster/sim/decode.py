@@ -2,7 +2,8 @@
 
 Between joins and leaves the decode batch is fixed, so a run of iterations (an epoch) is
 computed and logged at once: iteration times come from the hardware profile's ground truth
-(with a context-length term and noise the fitted model omits), each iteration producing
+(with a context-length term and noise the fitted model omits; with engine limits and a
+measured-grid pricer, the engine model's price of each iteration), each iteration producing
 t_acc tokens per request. When the batch must change (a request's KV arrived, or prefill
 work is waiting on a collocated node), the epoch is cut at the boundary of the iteration
 in progress. Requests join when the node's KV memory admits them; before an epoch the
@@ -16,8 +17,10 @@ from collections.abc import Callable
 import numpy as np
 
 from cluster.control.state import NodeReport
+from cluster.hardware.pricer import IterationPricer
 from cluster.hardware.profiles import HardwareProfile
 from cluster.sim.buffer import BufferedSink
+from cluster.sim.engine_model.pricing import iteration_time
 from cluster.sim.entities import DecodeEpoch, SimRequest
 from cluster.sim.kernel import DECODE_END, EventKernel
 from cluster.sim.node import SimNode
@@ -44,6 +47,7 @@ class DecodeStage:
         schedule: Callable[[SimNode], None],
         iterations: Callable[[int, int, np.ndarray, np.ndarray], None],
         track_waits: bool = False,
+        pricer: IterationPricer | None = None,
     ) -> None:
         self.kernel = kernel
         self.profile = profile
@@ -56,6 +60,7 @@ class DecodeStage:
         self.schedule = schedule
         self.iterations = iterations
         self.track_waits = track_waits  # engine limits: time joiners wait for a seat or KV
+        self.pricer = pricer  # engine limits with a measured grid: the engine model's prices
         self.epoch_token = 0
 
     def admit_joins(self, node: SimNode) -> None:
@@ -94,12 +99,26 @@ class DecodeStage:
         t_acc = self.profile.t_acc
         ctx0 = float(sum(r.t_in + (r.t_out - 1 - r.decode_left * t_acc) for r in batch))
         ctx = ctx0 + np.arange(k) * b * t_acc
-        dur = self.profile.decode_times(b, ctx) * self._noise(k)
+        dur = self._times(batch, ctx) * self._noise(k)
         ends = np.cumsum(dur)
         self.epoch_token += 1
         node.epoch = DecodeEpoch(now, batch, ends, ctx0, node.decode_iter, self.epoch_token)
         self.report(node.report(now, 0.0))
         self.kernel.push(now + float(ends[-1]), DECODE_END, self.end, node, self.epoch_token)
+
+    def _times(self, batch: list[SimRequest], ctx: np.ndarray) -> np.ndarray:
+        """Times of the next iterations of `batch` at total contexts `ctx` (no noise): the
+        profile's ground truth, or with a pricer the engine model's price of each
+        iteration, every decode reading its context plus the token it feeds."""
+        if self.pricer is None:
+            return self.profile.decode_times(len(batch), ctx)
+        t_acc = self.profile.t_acc
+        kv = [round(r.t_in + (r.t_out - 1 - r.decode_left * t_acc)) + 1 for r in batch]
+        out = np.empty(len(ctx))
+        for j in range(len(ctx)):
+            step = round(j * t_acc)
+            out[j] = iteration_time(self.pricer, (), [c + step for c in kv])
+        return out
 
     def cut_epoch(self, node: SimNode) -> None:
         """End the epoch at the boundary of the iteration in progress."""

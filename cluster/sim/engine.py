@@ -72,6 +72,9 @@ class NodeEngine:
         self.bt = profile.block_tokens
         self.preemptions = 0
         self.queue_wait: dict[int, list[float]] = {n: [] for n in nodes}
+        # With engine limits, a profile's measured-grid pricer prices every iteration as the
+        # engine model does (engine_model.pricing); the fitted forms otherwise.
+        pricer = profile.pricer if limits else None
         # Upward signals, wired by the composition root.
         self.on_request_done: Callable[[SimRequest], None] = _unwired
         self.on_switch_ready: Callable[[SimNode], None] = _unwired
@@ -92,6 +95,7 @@ class NodeEngine:
             iteration=on_prefill_iteration,
             max_num_seqs=max_num_seqs,
             limits=limits,
+            pricer=pricer,
         )
         self.decode = DecodeStage(
             kernel,
@@ -105,6 +109,7 @@ class NodeEngine:
             schedule=self.schedule,
             iterations=on_decode_iterations,
             track_waits=limits,
+            pricer=pricer,
         )
         self.mixed = MixedStage(kernel, profile, self.prefill, self.decode)
 

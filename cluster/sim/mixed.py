@@ -8,7 +8,7 @@ token each; the newest preempted first while the next token's KV does not fit) a
 the prefill chunks `PrefillStage.select` gives within the budget the decodes left
 (`tokens_granted`, seats for new sequences; no new admissions in an iteration that
 preempted, as vLLM). The iteration is priced as one: with a measured-grid pricer (an
-imported profile) by the twin's rule, `cluster.sim.engine_model.pricing.iteration_time`,
+imported profile; the node's other iterations are priced by it too) by the twin's rule, `cluster.sim.engine_model.pricing.iteration_time`,
 over each chunk (t_uc, t_c) and each decode's context; otherwise by the profile's
 `mixed_time` (Eq. 1 + Eq. 2 sharing one constant). When it ends the decodes advance one
 iteration (their KV grows, the last token ends a request) and the chunks advance their
@@ -60,7 +60,7 @@ class MixedStage:
 
     def price(self, chunks: list[Chunk], ctx: list[int]) -> float:
         """Seconds of one iteration of `chunks` and decodes over contexts `ctx` (no noise)."""
-        pricer = self.profile.pricer
+        pricer = self.prefill.pricer
         if pricer is not None:
             # each decode reads its cached tokens plus the one it feeds (engine_model)
             return iteration_time(pricer, [(b[1], b[4]) for b in chunks], [c + 1 for c in ctx])

@@ -5,7 +5,8 @@ prefill is under way, then queued requests whose fetched KV has arrived, in queu
 request's first chunk settles its cached prefix (local GPU and host memory, plus what was
 fetched) and binds its decode node (`ControlPlane.bind_decode`). The iteration time is the
 hardware profile's ground truth of Eq. 1 (sum t_uc, sum A, sum t_rst) with multiplicative
-noise. Requests whose last chunk ran are handed to `finished`; the stage reports the node's
+noise; with engine limits and a profile that has a measured-grid pricer (`pdlab profile
+import`), the engine model's price of the chunks (`engine_model.pricing.iteration_time`). Requests whose last chunk ran are handed to `finished`; the stage reports the node's
 state to the control plane at every iteration launch. With `max_num_seqs` (engine limits)
 a node's running sequences (prefilling, decoding or about to decode) never exceed it: new
 requests wait in the queue for a seat; and the node's running decodes take their tokens
@@ -23,8 +24,10 @@ import numpy as np
 
 from cluster.control.control_plane import ControlPlane
 from cluster.control.state import RouteRequest
+from cluster.hardware.pricer import IterationPricer
 from cluster.hardware.profiles import HardwareProfile
 from cluster.sim.buffer import BufferedSink
+from cluster.sim.engine_model.pricing import iteration_time
 from cluster.sim.engine_model.scheduler import tokens_granted
 from cluster.sim.entities import SimRequest
 from cluster.sim.kernel import PREFILL_END, EventKernel
@@ -65,6 +68,7 @@ class PrefillStage:
         iteration: Callable[[int, float, float, float, float, float], None],
         max_num_seqs: int | None = None,
         limits: bool = False,
+        pricer: IterationPricer | None = None,
     ) -> None:
         self.kernel = kernel
         self.cp = cp
@@ -80,6 +84,7 @@ class PrefillStage:
         self.bt = profile.block_tokens
         self.max_num_seqs = max_num_seqs
         self.limits = limits  # engine limits: decodes share the budget, seats are counted
+        self.pricer = pricer  # engine limits with a measured grid: the engine model's prices
         self.seat_waits = 0  # iterations that left a ready request queued for want of a seat
 
     def _room(self, node: SimNode) -> tuple[int, int]:
@@ -151,8 +156,12 @@ class PrefillStage:
         batch, exposed = self.select(node)
         if not batch:
             return
-        sum_uc, sum_a, sum_rst, sum_c = sums(batch)
-        dur = self.profile.prefill_time(sum_uc, sum_a, sum_rst, sum_c) * self._noise() + exposed
+        if self.pricer is not None:
+            base = iteration_time(self.pricer, [(b[1], b[4]) for b in batch], ())
+        else:
+            sum_uc, sum_a, sum_rst, sum_c = sums(batch)
+            base = self.profile.prefill_time(sum_uc, sum_a, sum_rst, sum_c)
+        dur = base * self._noise() + exposed
         self.launch(node, batch, dur)
         self.kernel.push(self.kernel.now + dur, PREFILL_END, self.end, node, batch)
 
