@@ -247,9 +247,12 @@ class Simulator:
         count_of = functools.partial(d.count, n)
         bt = profile.block_tokens
         paged, t_acc = cfg.engine_limits, profile.t_acc  # decode KV grows as generated
+        mixed = self.collocated_only  # vLLM V1 collocated: prompts hold KV from admission
         if self.retention is None and not unified:
             gpu, host = tier_caches(n, l1, l2, policy, count_of)
-            return TieredMemory(n, gpu, host, bt, self.out, publish, paged=paged, t_acc=t_acc)
+            return TieredMemory(
+                n, gpu, host, bt, self.out, publish, paged=paged, t_acc=t_acc, reserve_prompts=mixed
+            )
         name = self.retention.name if self.retention is not None else "lru"
         pool, tier2 = retention_caches(
             n,
@@ -263,7 +266,16 @@ class Simulator:
         if unified:
             return UnifiedMemory(n, pool, bt, profile.t_acc, self.out, publish)
         return TieredMemory(
-            n, pool, tier2, bt, self.out, publish, exact_prefix=True, paged=paged, t_acc=t_acc
+            n,
+            pool,
+            tier2,
+            bt,
+            self.out,
+            publish,
+            exact_prefix=True,
+            paged=paged,
+            t_acc=t_acc,
+            reserve_prompts=mixed,
         )
 
     # ---- running --------------------------------------------------------------------------

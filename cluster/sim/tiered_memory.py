@@ -7,7 +7,9 @@ block leaving host memory leaves the node. Decode batches hold their requests' w
 batch only when that fits. With `paged` (the engine limits of `SimConfig`) a decode's KV
 grows as its tokens are generated, as vLLM allocates it: a request joins when its current
 KV fits, and when the next iteration of the running batch does not fit, the newest running
-request is preempted (recompute).
+request is preempted (recompute). With `reserve_prompts` too (a collocated node with engine
+limits, vLLM V1's `scheduler_reserve_full_isl`), a request starts its prefill only when its
+prompt's KV fits next to what the node's requests hold, and holds it from then on.
 """
 
 from __future__ import annotations
@@ -38,10 +40,12 @@ class TieredMemory(KVMemory):
         exact_prefix: bool = False,
         paged: bool = False,
         t_acc: float = 1.0,
+        reserve_prompts: bool = False,
     ) -> None:
         super().__init__(node_id, l1, l2, block_tokens, out, publish, exact_prefix)
-        self.decode_kv = 0  # KV tokens of the running decode batch
+        self.decode_kv = 0  # KV tokens of the running decode batch (and prompts, reserving)
         self.paged = paged
+        self.reserve_prompts = paged and reserve_prompts
         self.t_acc = t_acc  # tokens per request per decode iteration (paged)
         self.epoch_reserved = 0  # tokens reserved for the running epoch (paged)
 
@@ -79,14 +83,18 @@ class TieredMemory(KVMemory):
 
     def fits(self, req: SimRequest, busy: bool) -> bool:
         """Prefill always gets memory; paged, a preempted request is recomputed only when
-        its KV would fit next to the running batch's."""
-        if not (self.paged and req.recompute and busy):
+        its KV would fit next to the running batch's (reserving prompts: any request)."""
+        if not (self.paged and (req.recompute or self.reserve_prompts) and busy):
             return True
         need = req.t_in + math.ceil(req.generated)
         return self.decode_kv + need <= self.l1.capacity_tokens
 
     def admit(self, req: SimRequest, busy: bool, t: float) -> bool:
-        return self.fits(req, busy)
+        ok = self.fits(req, busy)
+        if ok and self.reserve_prompts:  # the prompt's KV is held from its first chunk
+            req.kv_private = req.t_in + math.ceil(req.generated)
+            self.decode_kv += req.kv_private
+        return ok
 
     def admit_decode(
         self, joiners: list[SimRequest], running: int, max_batch: int
@@ -100,9 +108,10 @@ class TieredMemory(KVMemory):
         keep: list[SimRequest] = []
         for req in joiners:
             need = req.t_in + (math.ceil(req.generated) if paged else req.t_out)
-            if running < max_batch and (used + need <= cap or not running):
+            more = need - req.kv_private  # reserving prompts: the prompt's KV is held
+            if running < max_batch and (used + more <= cap or not running):
                 admitted.append(req)
-                used += need
+                used += more
                 running += 1
                 req.kv_private = need
             else:
@@ -148,7 +157,7 @@ class TieredMemory(KVMemory):
         req.kv_private = 0
 
     def end_call(self, req: SimRequest, decoded: bool, t: float) -> None:
-        if decoded:
+        if decoded or self.reserve_prompts:
             self.decode_kv -= req.kv_private
             req.kv_private = 0
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from cluster.sim.engine_model import ScheduledBatch, iteration_time
 from cluster.sim.engine_model.replay import batch_pricer
 from cluster.sim.engine_model.sequence import EngineRequest
 from cluster.sim.simulator import SimConfig, Simulator
+from cluster.sim.tiered_memory import TieredMemory
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 LLAMA = FIXTURES / "models/meta-llama/Llama-3.1-8B.json"
@@ -196,3 +198,40 @@ def test_a_mixed_iteration_is_priced_as_the_engine_model_prices_it(trace, llama_
     alone = iteration_time(pricer, [(512, 1024)], ())
     apart = alone + iteration_time(pricer, (), batch.decode_kv)
     assert alone < engine_model < apart
+
+
+def test_a_prompt_holds_its_kv_from_its_first_chunk(trace):
+    """vLLM V1 admits a request only when its prompt's KV fits next to what its running
+    requests hold (scheduler_reserve_full_isl): on a collocated node with limits and a small
+    KV, what the node's requests hold (prompt plus generated tokens) never exceeds the
+    capacity while more than one holds KV, and the node's count is theirs. (Admitting
+    every prompt and holding joiners back overshot the capacity by ~6,000 tokens here.)"""
+    sim = Simulator(
+        SimConfig(
+            workload=str(trace),
+            profile="h200",
+            **(
+                BASE
+                | {
+                    "telemetry": "compact",
+                    "max_num_seqs": SEATS,
+                    "max_num_batched_tokens": BUDGET,
+                    "l1_tokens": 3000,
+                }
+            ),
+        )
+    )
+    node = sim.nodes[0]
+    mem = node.memory
+    assert isinstance(mem, TieredMemory) and mem.reserve_prompts
+    cap, checked, t = mem.l1.capacity_tokens, 0, 0.0
+    while len([r for r in sim.requests if r.t_done is not None]) < N:
+        t += 0.02
+        assert t < 300.0, "the run did not finish"
+        sim.step_until(t)
+        holders = node.prefilling + node.decode_batch + node.join_queue
+        assert mem.decode_kv - mem.epoch_reserved == sum(r.kv_private for r in holders)
+        if len(holders) > 1:
+            checked += 1
+            assert sum(r.t_in + math.ceil(r.generated) for r in holders) <= cap
+    assert checked > 100 and sim.preemptions > 0
