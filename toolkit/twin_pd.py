@@ -13,9 +13,11 @@ workload twice, on the recorded layout (one collocated node per DP rank, default
 as the baseline and under the change, and estimate = real * what-if / baseline; the
 interval is `toolkit.twin_whatif.estimates`' paired bootstrap, widened by the larger of
 the engine-model twin's error and the cluster simulator's own baseline error on the metric.
-That error can be large: the simulator's collocated nodes run prefill first (prefill
-iterations apart from decode epochs), not vLLM's mixed batches, so on a saturated run its
-TTFT is far below a vLLM engine's and its TPOT above; the interval says so.
+The simulator's nodes get the twin's pricer (the profile's grid with the recorded
+interconnect), so with the engine limits every iteration is priced by the engine model's
+rule, and the collocated baseline runs vLLM V1's mixed iterations (`cluster.sim.mixed`);
+its error then comes from what the two engines still model differently (the simulator's
+KV in tokens, not blocks; which requests recompute preemption hits).
 """
 
 from __future__ import annotations
