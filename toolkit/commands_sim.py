@@ -139,6 +139,14 @@ def simulate_command(
         "paper (Eq. 1/2), auto (chosen per node by cross-validation, as `pdlab fit --form "
         "auto`), floor, roofline, ctx",
     ),
+    prefill_forms: bool = typer.Option(
+        False,
+        "--prefill-forms",
+        help="The router prices each node's prefill with the profile's fitted form (its "
+        "prefill floor and roofline terms: a `pdlab profile import` profile or a fit JSON) "
+        "instead of Eq. 3 alone (a --form other than paper does too, with the forms the "
+        "warmup chose)",
+    ),
     max_programs: int | None = typer.Option(None, help="Admit at most this many programs"),
     cycle: bool = typer.Option(
         False,
@@ -230,6 +238,7 @@ def simulate_command(
         max_num_batched_tokens=max_num_batched_tokens,
         gpu_memory_gib=gpu_memory_gib,
         gpu_memory_utilization=gpu_memory_utilization,
+        prefill_forms=prefill_forms or None,
         max_programs=max_programs,
         cycle=cycle or None,
         retention=retention,

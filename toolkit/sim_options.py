@@ -137,6 +137,7 @@ class SimOptions:
     max_num_batched_tokens: int | None = None
     gpu_memory_gib: float | None = None
     gpu_memory_utilization: float | None = None
+    prefill_forms: bool | None = None  # the router prices prefill with each node's fitted form
     max_programs: int | None = None
     cycle: bool | None = None
     retention: str | None = None

@@ -5,8 +5,10 @@ and what to run next."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import duckdb
+import pytest
 from typer.testing import CliRunner
 
 from toolkit.cli import app
@@ -80,3 +82,45 @@ def test_a_timestamped_trace_replays_once_and_says_so(tmp_path):
     )
     assert res.exit_code == 0, res.output
     assert "from a 20-request trace by a closed loop of agents, cycling the trace" in res.stdout
+
+
+def test_prefill_forms_flag_prices_routing_with_the_fitted_form(tmp_path):
+    """`--prefill-forms` (SimConfig.prefill_forms): the router predicts a node's prefill
+    with the profile's chosen form (here roofline@128: a floor of 128 tokens and a KV read
+    per cached token) instead of Eq. 3, so a request with a cached prefix is predicted
+    slower; the run's config records the setting."""
+    from cluster.hardware.model_shape import ModelShape
+    from cluster.hardware.operator_profile import build_profile
+
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures"
+    prof = build_profile(
+        fixtures / "profiles/llmservingsim_rtx4090_llama31_8b",
+        ModelShape.load(fixtures / "models/meta-llama/Llama-3.1-8B.json"),
+    )
+    assert prof.fits["prefill"].best.form != "paper"
+    path = tmp_path / "llama.json"
+    path.write_text(json.dumps(prof.to_json()))
+    args = [*TINY, "--profile", str(path), "--duration", "30", "--telemetry", "full"]
+    pred: dict[bool, dict[tuple[float, str, int], float]] = {}
+    for forms in (False, True):
+        db = tmp_path / f"forms-{forms}.duckdb"
+        flag = ["--prefill-forms"] if forms else []
+        res = CliRunner().invoke(app, [*args, *flag, "--db", str(db), "--json"])
+        assert res.exit_code == 0, res.output
+        with duckdb.connect(str(db), read_only=True) as con:
+            (config,) = con.execute("SELECT config FROM runs").fetchone()
+            rows = con.execute(
+                "SELECT t, request_id, cached_tokens, predicted_ttft_s FROM router_decisions"
+            ).fetchall()
+        assert json.loads(config)["prefill_forms"] is forms
+        pred[forms] = {(t, r, c): p for t, r, c, p in rows}
+    # the same routing decisions (same request, time and cached prefix) in both runs: with
+    # a cached prefix the form adds its KV read (c4); without one both give Eq. 3's time
+    same = pred[False].keys() & pred[True].keys()
+    cached = [k for k in same if k[2] > 0]
+    assert len(cached) >= 3
+    for k in same:
+        if k[2] > 0:
+            assert pred[True][k] > pred[False][k] + 1e-4, k
+        else:
+            assert pred[True][k] == pytest.approx(pred[False][k], rel=1e-9), k
