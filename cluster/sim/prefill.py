@@ -156,13 +156,13 @@ class PrefillStage:
         batch, exposed = self.select(node)
         if not batch:
             return
+        total = sums(batch)
         if self.pricer is not None:
             base = iteration_time(self.pricer, [(b[1], b[4]) for b in batch], ())
         else:
-            sum_uc, sum_a, sum_rst, sum_c = sums(batch)
-            base = self.profile.prefill_time(sum_uc, sum_a, sum_rst, sum_c)
+            base = self.profile.prefill_time(*total)
         dur = base * self._noise() + exposed
-        self.launch(node, batch, dur)
+        self.launch(node, batch, dur, total)
         self.kernel.push(self.kernel.now + dur, PREFILL_END, self.end, node, batch)
 
     def select(self, node: SimNode, admit: bool = True) -> tuple[list[Chunk], float]:
@@ -206,11 +206,18 @@ class PrefillStage:
             node.queue = keep
         return batch, exposed
 
-    def launch(self, node: SimNode, batch: list[Chunk], dur: float) -> None:
+    def launch(
+        self,
+        node: SimNode,
+        batch: list[Chunk],
+        dur: float,
+        total: tuple[int, float, int, int] | None = None,
+    ) -> None:
         """An iteration of `batch` lasting `dur` starts: the node is busy, the row is logged,
-        the fit and the control plane hear of it. The caller schedules its end."""
+        the fit and the control plane hear of it (`total`: the batch's `sums`, if known).
+        The caller schedules its end."""
         now = self.kernel.now
-        sum_uc, sum_a, sum_rst, sum_c = sums(batch)
+        sum_uc, sum_a, sum_rst, sum_c = total or sums(batch)
         node.busy = True
         it = node.prefill_iter
         node.prefill_iter += 1
