@@ -361,6 +361,8 @@ class Simulator:
             "kv_tokens_per_node": self.cfg.l1_tokens or p.l1_tokens,
             "kv_source": self.kv_source,
             "prefill_seat_waits": self.engine.prefill.seat_waits,
+            "mixed_iterations": self.engine.mixed.iterations,
+            "priced_by": "measured grid" if self.engine.prefill.pricer else "profile forms",
         }
 
     def _tick(self) -> None:

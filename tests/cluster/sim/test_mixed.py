@@ -155,7 +155,10 @@ def test_every_iteration_stays_within_seats_and_budget(trace, llama_profile, pro
         mixed += b > 0
         assert r["num_reqs"] + b <= SEATS
         assert r["t_uc"] + b * t_fwd <= BUDGET
-    assert mixed == sim.engine.mixed.iterations > 0
+    assert mixed == sim.engine.mixed.iterations == s["engine_limits"]["mixed_iterations"] > 0
+    assert s["engine_limits"]["priced_by"] == (
+        "measured grid" if profile == "llama" else "profile forms"
+    )
     assert s["decode_refused"] > 0 or sim.engine.prefill.seat_waits > 0
 
 
