@@ -49,7 +49,12 @@ def test_a_manual_switch_of_a_torch_node_keeps_its_kv(tmp_path: Path, procs: Any
         assert after["last_switch"]["ok"] and after["last_switch"]["lost_kv_blocks"] == 0
         after = procs.wait_for(
             lambda: next(
-                n for n in client.cluster()["nodes"] if n["id"] == node["id"] and n["kv_host_used"]
+                (
+                    n
+                    for n in client.cluster()["nodes"]
+                    if n["id"] == node["id"] and n["kv_host_used"]
+                ),
+                None,  # not reported yet: wait_for polls again
             ),
             30,
             "the engine's KV counts after the switch",

@@ -78,8 +78,12 @@ def test_a_launched_cluster_replays_a_trace_and_stops_its_engines(tmp_path: Path
             _until(lambda: loop.finished, 120)
             stats = loop.stop()
             assert (stats.programs_done, stats.turns_ok, stats.turns_failed) == (40, 40, 0)
-            nodes = httpx.get(f"{server.url}/v1/cluster").json()["nodes"]
-            node = next(n["id"] for n in nodes if n["phase"] == "prefill" and n["kv_blocks"])
+
+            def prefill_with_kv() -> list[int]:  # the engines' KV events may still be in flight
+                nodes = httpx.get(f"{server.url}/v1/cluster").json()["nodes"]
+                return [n["id"] for n in nodes if n["phase"] == "prefill" and n["kv_blocks"]]
+
+            node = _until(prefill_with_kv)[0]
             r = httpx.post(f"{server.url}/v1/nodes/{node}/phase", json={"phase": "decode"},
                            headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
             assert r.status_code == 200, r.text
