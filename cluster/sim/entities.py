@@ -9,12 +9,15 @@ execution state of one agent program, the engine-side half of its Program Contro
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from cluster.core import BlockHash
 from cluster.kv.hashing import ContextHasher
 from cluster.policies.pcb import ProgramControlBlock
 from cluster.workloads.program import Program
+from cluster.workloads.turn_table import TurnTable
 
 
 def branch_key(program_id: str, branch: str) -> str:
@@ -191,17 +194,38 @@ class ProgramRun:
         self.kv_paths: dict[str, tuple[tuple[int, ...], list[int]]] = {}
         self.outputs_added: set[int] = set()  # turns whose output is already in the context
         self.preemptions = 0
-        n = len(program.turns)
-        self.pending = [len(t.deps) for t in program.turns]
-        self.succ: list[list[int]] = [[] for _ in range(n)]
-        for i, t in enumerate(program.turns):
-            for d in t.deps:
-                self.succ[d].append(i)
+        turns = program.turns
+        n = len(turns)
+        self.succ: Sequence[Sequence[int]]
+        if isinstance(turns, TurnTable):  # a long program: its graph without Turn objects
+            self.pending = turns.dep_counts()
+            self.succ = turns.successors()
+            self.fork_parents = turns.fork_parents()
+        else:
+            self.pending = [len(t.deps) for t in turns]
+            succ: list[list[int]] = [[] for _ in range(n)]
+            for i, t in enumerate(turns):
+                for d in t.deps:
+                    succ[d].append(i)
+            self.succ = succ
+            self.fork_parents = {
+                t.parent_turn for t in turns if t.kind == "fork" and t.parent_turn is not None
+            }
         self.t_done: list[float | None] = [None] * n
         self.done_turns = 0
         self.branch_ctx: dict[str, ContextHasher] = {}
         self.branch_last: dict[str, int] = {}  # branch -> its last released turn
         self.snapshots: dict[int, ContextHasher] = {}  # fork parents: context incl. output
         self.out_node: dict[int, int] = {}  # turn -> decode node that produced its output
-        self.fork_parents = {t.parent_turn for t in program.turns if t.kind == "fork"}
         self.finish_t: float | None = None
+
+    def drop_turn_state(self) -> None:
+        """The program finished: free what only its turns' releases read (contexts, counts,
+        times); a long run keeps every finished program's run for its requests' sake."""
+        self.pending = []
+        self.t_done = []
+        self.branch_ctx = {}
+        self.branch_last = {}
+        self.snapshots = {}
+        self.out_node = {}
+        self.outputs_added = set()

@@ -33,6 +33,7 @@ from cluster.sim.planes import PolicyPlanes
 from cluster.workloads.loops import AdmissionQueue, OpenLoop
 from cluster.workloads.program import Program
 from cluster.workloads.source import WorkloadSource
+from cluster.workloads.turn_table import root_turns
 
 
 class ProgramOrchestrator:
@@ -153,11 +154,11 @@ class ProgramOrchestrator:
         self.active_programs += 1
         self.planes.on_arrival(run)
         now = self.kernel.now
-        for i, turn in enumerate(program.turns):
-            if not turn.deps:
-                self.kernel.push(
-                    now + turn.gap_s, RELEASE, self._release, run, i, arrival if i == 0 else None
-                )
+        turns = program.turns
+        for i in root_turns(turns):
+            self.kernel.push(
+                now + turns[i].gap_s, RELEASE, self._release, run, i, arrival if i == 0 else None
+            )
 
     def _target_agents(self) -> int:
         """Closed-loop concurrency now: --agents, scaled by the workload's own schedule
@@ -255,8 +256,12 @@ class ProgramOrchestrator:
         for j in run.succ[i]:
             run.pending[j] -= 1
             if run.pending[j] == 0:
-                deps_done = max(run.t_done[d] or now for d in turns[j].deps)
-                self.kernel.push(deps_done + turns[j].gap_s, RELEASE, self._release, run, j, None)
+                nxt = turns[j]
+                deps_done = max(run.t_done[d] or now for d in nxt.deps)
+                self.kernel.push(deps_done + nxt.gap_s, RELEASE, self._release, run, j, None)
+        # Its block path is read by nothing after this (the memory released its KV before);
+        # finished requests stay for the summary, and a long run holds hundreds of thousands.
+        req.path = []
         if run.done_turns == len(turns):
             branches = self.cp.branches.branches
             for b in list(run.branch_ctx):
@@ -270,6 +275,7 @@ class ProgramOrchestrator:
         self.active_programs -= 1
         self.finished_programs += 1
         self.planes.on_program_done(run)
+        run.drop_turn_state()
         pcb = run.pcb
         turns = len(run.program.turns)
         self.program_rows.append((run.arrival, now, turns, run.preemptions, pcb.attained_service_s))

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from cluster.workloads.program import Program, Segment, SegmentIds, Turn, TurnKind
+from cluster.workloads.turn_table import pack_turns
 
 
 class ProgramBuilder:
@@ -154,7 +155,7 @@ class ProgramBuilder:
             raise ValueError(
                 f"program {self.program_id}: branches never finished: {sorted(open_branches)}"
             )
-        return Program(self.program_id, self.workload, tuple(self.turns), arrival_s)
+        return Program(self.program_id, self.workload, pack_turns(self.turns), arrival_s)
 
     # -- internals ---------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ tokens, which is how programs share system prompts.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -88,12 +89,16 @@ class Program:
 
     program_id: str
     workload: str
-    turns: tuple[Turn, ...]
+    turns: Sequence[Turn]  # a tuple, or a `TurnTable` for long programs (`pack_turns`)
     arrival_s: float | None = None  # trace replay: fixed arrival; None = set by the loop
 
     def __post_init__(self) -> None:
         if not self.turns:
             raise ValueError(f"program {self.program_id} has no turns")
+        check = getattr(self.turns, "check", None)
+        if check is not None:  # a packed table checks its columns (no Turn objects built)
+            check(self.program_id)
+            return
         for i, t in enumerate(self.turns):
             if any(d >= i or d < 0 for d in t.deps):
                 raise ValueError(
