@@ -51,13 +51,18 @@ class TelemetrySink(Protocol):
     """Where the control plane and engines hand telemetry rows (telemetry writer in practice).
 
     `emit` takes one table name (SPEC §3, without run_id) and column arrays of equal length.
+    A sink that keeps nothing may say so with a class attribute `discards_rows = True`
+    (`NullSink`): the simulator then builds no rows for it.
     """
 
     def emit(self, table: str, columns: Mapping[str, Sequence[Any]]) -> None: ...
 
 
 class NullSink:
-    """A sink that drops everything (benchmarks, unit tests of pure logic)."""
+    """A sink that drops everything (benchmarks, unit tests of pure logic). It says so
+    (`discards_rows`), so buffers in front of it need not build rows for it."""
+
+    discards_rows = True
 
     def emit(self, table: str, columns: Mapping[str, Sequence[Any]]) -> None:
         return None

@@ -138,13 +138,17 @@ class HardwareProfile:
 
     def decode_times(self, batch_size: int, ctx_tokens: np.ndarray) -> np.ndarray:
         """Ground-truth decode iteration times for a batch at each iteration's total context."""
+        return self.decode_base_s(batch_size) + self.decode_ctx_s_per_token * ctx_tokens
+
+    def decode_base_s(self, batch_size: int) -> float:
+        """The part of a decode iteration's ground-truth time that does not depend on the
+        context: `decode_times` is this plus `decode_ctx_s_per_token` per context token."""
         d0, d1, d2 = self.decode
-        base = (
+        return (
             d0
             + d1 * float(phi(batch_size, self.top_k, self.num_experts, self.t_fwd))
             + d2 * batch_size
         )
-        return base + self.decode_ctx_s_per_token * ctx_tokens
 
     def mixed_time(
         self,

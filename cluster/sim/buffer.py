@@ -30,6 +30,9 @@ class BufferedSink:
         self.sink = sink
         self.batch_rows = batch_rows
         self.skip = skip
+        # A sink that declares `discards_rows = True` (NullSink) drops every row: nothing is
+        # buffered for it, and hot paths may skip building rows (`wants`).
+        self.discards = bool(getattr(sink, "discards_rows", False))
         self.flush_interval_s = flush_interval_s
         self._cols: dict[str, dict[str, list[Any]]] = {}
         self._rows: dict[str, int] = {}
@@ -37,8 +40,13 @@ class BufferedSink:
         self._last_flush = time.monotonic()
         self.rows_emitted: dict[str, int] = {}
 
+    def wants(self, table: str) -> bool:
+        """Whether rows of `table` reach the sink (not skipped, not dropped by it): callers
+        may skip building rows nobody keeps."""
+        return not self.discards and table not in self.skip
+
     def emit(self, table: str, columns: Mapping[str, Sequence[Any]]) -> None:
-        if table in self.skip:
+        if self.discards or table in self.skip:
             return
         dst = self._cols.get(table)
         if dst is None:
@@ -57,7 +65,7 @@ class BufferedSink:
 
     def row(self, table: str, **values: Any) -> None:
         """One row as keyword arguments (the common case on hot paths)."""
-        if table in self.skip:
+        if self.discards or table in self.skip:
             return
         dst = self._cols.get(table)
         if dst is None:

@@ -12,7 +12,10 @@ memory may name running calls to preempt (the unified pool under pressure).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
+from itertools import accumulate
+from operator import mul, sub
 
 import numpy as np
 
@@ -45,7 +48,7 @@ class DecodeStage:
         done: Callable[[SimNode, SimRequest], None],
         preempt: Callable[[SimNode, SimRequest], None],
         schedule: Callable[[SimNode], None],
-        iterations: Callable[[int, int, np.ndarray, np.ndarray], None],
+        iterations: Callable[[int, int, Sequence[float], Sequence[float]], None],
         track_waits: bool = False,
         pricer: IterationPricer | None = None,
     ) -> None:
@@ -62,6 +65,7 @@ class DecodeStage:
         self.track_waits = track_waits  # engine limits: time joiners wait for a seat or KV
         self.pricer = pricer  # engine limits with a measured grid: the engine model's prices
         self.epoch_token = 0
+        self._base: dict[int, float] = {}  # batch size -> decode_base_s (the profile is fixed)
 
     def admit_joins(self, node: SimNode) -> None:
         """Requests whose KV arrived enter the batch (in priority order) as memory admits."""
@@ -80,9 +84,10 @@ class DecodeStage:
             for r in node.join_queue:
                 r.decode_refusals += 1
 
-    def _noise(self, n: int) -> np.ndarray:
+    def _noise(self, n: int) -> list[float] | None:
+        """The epoch's `n` multiplicative noise draws (None when the profile has none)."""
         s = self.profile.noise
-        return np.exp(self.rng.normal(0.0, s, n) - s * s / 2) if s > 0 else np.ones(n)
+        return np.exp(self.rng.normal(0.0, s, n) - s * s / 2).tolist() if s > 0 else None
 
     def start_epoch(self, node: SimNode) -> None:
         now = self.kernel.now
@@ -98,62 +103,74 @@ class DecodeStage:
         b = len(batch)
         t_acc = self.profile.t_acc
         ctx0 = float(sum(r.t_in + (r.t_out - 1 - r.decode_left * t_acc) for r in batch))
-        ctx = ctx0 + np.arange(k) * b * t_acc
-        dur = self._times(batch, ctx) * self._noise(k)
-        ends = np.cumsum(dur)
+        # Epochs are short (a few iterations; at most 1,024): plain floats beat numpy's
+        # per-call cost, with the same IEEE operations in the same order (exact).
+        ctx = [ctx0 + (j * b) * t_acc for j in range(k)]
+        times = self._times(batch, ctx)
+        noise = self._noise(k)
+        ends = list(accumulate(times if noise is None else map(mul, times, noise)))
         self.epoch_token += 1
         node.epoch = DecodeEpoch(now, batch, ends, ctx0, node.decode_iter, self.epoch_token)
         self.report(node.report(now, 0.0))
-        self.kernel.push(now + float(ends[-1]), DECODE_END, self.end, node, self.epoch_token)
+        self.kernel.push(now + ends[-1], DECODE_END, self.end, node, self.epoch_token)
 
-    def _times(self, batch: list[SimRequest], ctx: np.ndarray) -> np.ndarray:
+    def _times(self, batch: list[SimRequest], ctx: list[float]) -> list[float]:
         """Times of the next iterations of `batch` at total contexts `ctx` (no noise): the
         profile's ground truth, or with a pricer the engine model's price of each
         iteration, every decode reading its context plus the token it feeds."""
         if self.pricer is None:
-            return self.profile.decode_times(len(batch), ctx)
+            b = len(batch)
+            base = self._base.get(b)
+            if base is None:
+                base = self._base[b] = self.profile.decode_base_s(b)
+            per_token = self.profile.decode_ctx_s_per_token
+            return [base + per_token * c for c in ctx]
         t_acc = self.profile.t_acc
         kv = [round(r.t_in + (r.t_out - 1 - r.decode_left * t_acc)) + 1 for r in batch]
-        out = np.empty(len(ctx))
-        for j in range(len(ctx)):
-            step = round(j * t_acc)
-            out[j] = iteration_time(self.pricer, (), [c + step for c in kv])
-        return out
+        return [
+            iteration_time(self.pricer, (), [c + round(j * t_acc) for c in kv])
+            for j in range(len(ctx))
+        ]
 
     def cut_epoch(self, node: SimNode) -> None:
         """End the epoch at the boundary of the iteration in progress."""
         e = node.epoch
         assert e is not None
-        done = int(np.searchsorted(e.ends, self.kernel.now - e.start, side="right"))
+        done = bisect_right(e.ends, self.kernel.now - e.start)
         keep = min(done + 1, len(e.ends))
         if keep >= len(e.ends):
             return
         e.ends = e.ends[:keep]
         self.epoch_token += 1
         e.token = self.epoch_token
-        self.kernel.push(e.start + float(e.ends[-1]), DECODE_END, self.end, node, e.token)
+        self.kernel.push(e.start + e.ends[-1], DECODE_END, self.end, node, e.token)
 
     def end(self, node: SimNode, token: int) -> None:
         e = node.epoch
         if e is None or e.token != token:
             return  # an epoch cut since: its new end is scheduled
-        n_it = len(e.ends)
+        ends = e.ends
+        n_it = len(ends)
         b = len(e.batch)
-        starts = np.concatenate(([0.0], e.ends[:-1])) + e.start
-        durs = np.diff(np.concatenate(([0.0], e.ends)))
-        ctx = e.ctx0 + np.arange(n_it) * b * self.profile.t_acc
-        self.out.emit(
-            "decode_iterations",
-            {
-                "node_id": [node.id] * n_it,
-                "iter_id": list(range(e.iter0, e.iter0 + n_it)),
-                "t_start": starts.tolist(),
-                "duration_s": durs.tolist(),
-                "batch_size": [b] * n_it,
-                "t_fwd": [self.profile.t_fwd] * n_it,
-                "ctx_tokens": ctx.astype(np.int64).tolist(),
-            },
-        )
+        t_acc = self.profile.t_acc
+        ctx0 = e.ctx0
+        ctx = [ctx0 + (j * b) * t_acc for j in range(n_it)]
+        durs = [ends[0], *map(sub, ends[1:], ends)]
+        out = self.out
+        if out.wants("decode_iterations"):
+            start = e.start
+            out.emit(
+                "decode_iterations",
+                {
+                    "node_id": [node.id] * n_it,
+                    "iter_id": list(range(e.iter0, e.iter0 + n_it)),
+                    "t_start": [start, *(start + x for x in ends[:-1])],
+                    "duration_s": durs,
+                    "batch_size": [b] * n_it,
+                    "t_fwd": [self.profile.t_fwd] * n_it,
+                    "ctx_tokens": [int(c) for c in ctx],
+                },
+            )
         self.iterations(node.id, b, durs, ctx)
         node.decode_iter += n_it
         node.epoch = None

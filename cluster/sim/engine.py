@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -61,7 +61,7 @@ class NodeEngine:
         limits: bool,
         max_num_seqs: int | None,
         on_prefill_iteration: Callable[[int, float, float, float, float, float], None],
-        on_decode_iterations: Callable[[int, int, np.ndarray, np.ndarray], None],
+        on_decode_iterations: Callable[[int, int, Sequence[float], Sequence[float]], None],
     ) -> None:
         self.kernel = kernel
         self.cp = cp

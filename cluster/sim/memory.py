@@ -327,7 +327,7 @@ class KVMemory:
         """Log the evicted blocks and add their removal to `events`; returns their hashes."""
         node = self.node_id
         hashes = [ev[0] for ev in evicted]
-        if evicted and "evictions" not in self.out.skip:  # a batch of rows, not one per block
+        if evicted and self.out.wants("evictions"):  # a batch of rows, not one per block
             n = len(evicted)
             cache = self.l2 if tier == "host" else self.l1
             columns: dict[str, Sequence[object]] = {

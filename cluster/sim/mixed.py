@@ -24,8 +24,6 @@ the warmup fit hears both. Iterations without prefill work stay decode epochs
 
 from __future__ import annotations
 
-import numpy as np
-
 from cluster.hardware.profiles import HardwareProfile
 from cluster.sim.decode import DecodeStage
 from cluster.sim.engine_model.pricing import iteration_time
@@ -107,7 +105,7 @@ class MixedStage:
             },
         )
         node.decode_iter += 1
-        self.decode.iterations(node.id, b, np.array([dur]), np.array([float(ctx)]))
+        self.decode.iterations(node.id, b, [dur], [float(ctx)])
 
     def end(self, node: SimNode, chunks: list[Chunk], decodes: list[SimRequest]) -> None:
         """The iteration ended: decodes advance a token, chunks their prefills; the node

@@ -249,6 +249,8 @@ class PrefillStage:
         sum_c: int,
     ) -> None:
         out = self.out
+        if out.discards:
+            return
         out.row(
             "prefill_iterations",
             node_id=node_id,
@@ -261,7 +263,7 @@ class PrefillStage:
             t_rst=sum_rst,
             t_c=sum_c,
         )
-        if "prefill_iteration_requests" not in out.skip:
+        if out.wants("prefill_iteration_requests"):
             n = len(batch)
             out.emit(
                 "prefill_iteration_requests",

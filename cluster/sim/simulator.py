@@ -57,7 +57,7 @@ DEFAULT_BINDER = {"ttft": "fewest"}  # other routers: the gateway's round-robin 
 def _kv_publisher(cp: ControlPlane, out: BufferedSink) -> Publish:
     """KV events enter the control plane (its directory) and, with full telemetry, the
     `kv_events` table."""
-    if "kv_events" in out.skip:
+    if not out.wants("kv_events"):
         return cp.on_kv_events
 
     def publish(events: list[KVEvent]) -> None:

@@ -213,7 +213,11 @@ class WarmupFit:
             self.prefill_rows[node_id].append((sum_uc, sum_a, sum_rst, duration_s, sum_c))
 
     def record_decode(
-        self, node_id: int, batch_size: int, durations_s: np.ndarray, ctx_tokens: np.ndarray
+        self,
+        node_id: int,
+        batch_size: int,
+        durations_s: Sequence[float],
+        ctx_tokens: Sequence[float],
     ) -> None:
         if not self.warm:
             n = len(durations_s)
