@@ -107,6 +107,9 @@ class PredictedTTFTRouter(_Base):
         decision: RouteDecision | None = None
         fetch_model = view.fetch
         kappa = view.copy_price_s_per_token
+        prefill_wait = view.prefill_wait
+        prefill_time = view.prefill_time
+        asynchronous = view.kv_fetch == "async"
         for n in cand:
             local = match.per_node[n] * bt
             t_c = cluster_tokens if pool else local
@@ -114,10 +117,10 @@ class PredictedTTFTRouter(_Base):
             if x and not fetch_model.fetches(x):
                 t_c, x = local, 0  # below the fetch threshold: recompute instead
             t_uc = max(req.t_in - t_c, 1)
-            wait = self._wait(n, view, now)
-            service = view.prefill_time(n, t_uc, t_c)
-            tau = fetch_model.time(x) if view.kv_fetch == "async" else 0.0
-            exposed = max(0.0, tau - wait) if view.kv_fetch == "async" else fetch_model.time(x)
+            wait = prefill_wait(n, now)
+            service = prefill_time(n, t_uc, t_c)
+            tau = fetch_model.time(x) if asynchronous else 0.0
+            exposed = max(0.0, tau - wait) if asynchronous else fetch_model.time(x)
             t_hat = wait + service + exposed + kappa * x
             key = (t_hat, -local, n)
             if best is None or key < best:
@@ -129,13 +132,7 @@ class PredictedTTFTRouter(_Base):
     @staticmethod
     def _wait(node: int, view: ClusterView, now: float) -> float:
         """W_n: remaining time of the running batch plus Eq. 3 over queued and sent requests."""
-        r = view.fresh_report(node, now)
-        wait = 0.0
-        if r is not None:
-            wait = max(0.0, r.remaining_s - (now - r.t)) + view.queued_time(node, r)
-        for q in view.pending(node):
-            wait += view.prefill_time(node, q.t_uc, q.t_c)
-        return wait
+        return view.prefill_wait(node, now)
 
 
 @ROUTERS.register("cache-aware")

@@ -182,6 +182,22 @@ class ClusterView:
         memo[node] = (report, total)
         return total
 
+    def prefill_wait(self, node: int, now: float) -> float:
+        """W_n at `now`: the remaining time of the node's running batch per its fresh report,
+        plus Eq. 3 over the report's queue, plus Eq. 3 over the requests sent since (in the
+        order they were sent)."""
+        s = self._s
+        wait = 0.0
+        r = s.reports.get(node)
+        if r is not None and now - r.t <= s.max_report_age_s:
+            wait = max(0.0, r.remaining_s - (now - r.t)) + self.queued_time(node, r)
+        sent = s.sent.get(node)
+        if sent:
+            prefill_time = self.prefill_time
+            for _, q in sent.values():
+                wait += prefill_time(node, q.t_uc, q.t_c)
+        return wait
+
     def decode_load(self, node: int) -> int:
         return self._s.decode_load.get(node, 0)
 

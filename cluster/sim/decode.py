@@ -87,7 +87,11 @@ class DecodeStage:
     def _noise(self, n: int) -> list[float] | None:
         """The epoch's `n` multiplicative noise draws (None when the profile has none)."""
         s = self.profile.noise
-        return np.exp(self.rng.normal(0.0, s, n) - s * s / 2).tolist() if s > 0 else None
+        if s <= 0:
+            return None
+        z = self.rng.normal(0.0, s, n)
+        z -= s * s / 2
+        return np.exp(z, out=z).tolist()
 
     def start_epoch(self, node: SimNode) -> None:
         now = self.kernel.now
