@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-
 from cluster.core import BlockHash
 from cluster.kv.hashing import ContextHasher
 from cluster.policies.pcb import ProgramControlBlock
@@ -148,7 +146,7 @@ class DecodeEpoch:
         self,
         start: float,
         batch: list[SimRequest],
-        ends: np.ndarray,
+        ends: list[float],
         ctx0: float,
         iter0: int,
         token: int,
