@@ -194,7 +194,7 @@ def simulate_command(
             console.print(f"[red]error:[/] --db: {err}")
             raise typer.Exit(2) from None
     # Heavy imports inside the command, so `pdlab --help` stays fast.
-    from cluster.core import tune_gc
+    from cluster.core import leave_garbage_to_os, tune_gc
     from cluster.sim.runner import simulate
     from toolkit.sim_options import SimOptions, clean_json
 
@@ -288,6 +288,7 @@ def simulate_command(
     except (ConfigError, ValueError) as err:
         console.print(f"[red]error:[/] {escape(str(err))}")
         raise typer.Exit(2) from None
+    leave_garbage_to_os()  # the run is stored and its database closed
     summary = clean_json(summary)
     fits = None
     if fit and db is not None:

@@ -24,7 +24,6 @@ peak RSS), so no figure inherits the memory of another.
 
 from __future__ import annotations
 
-import gc
 import json
 import resource
 import subprocess
@@ -32,7 +31,7 @@ import sys
 import time
 from typing import Any
 
-from cluster.core import NullSink, tune_gc
+from cluster.core import NullSink, leave_garbage_to_os, tune_gc
 from cluster.sim.simulator import SimConfig, Simulator
 
 AZURE_TRACE = "traces/azure2023_splitwise_conv_via_vidur.csv"  # under the data directory
@@ -166,9 +165,4 @@ def child_main(argv: list[str]) -> dict[str, Any]:
 
 if __name__ == "__main__":
     print(json.dumps(child_main(sys.argv[1:])), flush=True)
-    # Teardown: the finished run's object graph (cyclic garbage by now) goes back to the OS
-    # with the process. Frozen, it is left out of the interpreter's collections, the last
-    # one at exit included, which would otherwise free it object by object (0.9 s after
-    # the Azure hour, an eighth of the process). Nothing in it needs finalizing: its sink
-    # kept nothing and it holds no open file.
-    gc.freeze()
+    leave_garbage_to_os()  # its sink kept nothing and it holds no open file
