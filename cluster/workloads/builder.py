@@ -10,7 +10,6 @@ branch's previous turn, r_{k+1} = c_k + g_k) so that generators cannot forget th
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
 
 from cluster.workloads.program import Program, Segment, SegmentIds, Turn, TurnKind
 from cluster.workloads.turn_table import pack_turns
@@ -146,7 +145,7 @@ class ProgramBuilder:
     def finish(self, branch: str) -> None:
         """Mark the branch's latest turn as its last (the harness reports the finish)."""
         i = self._require_open(branch)
-        self.turns[i] = replace(self.turns[i], finishes_branch=True)
+        self.turns[i] = self.turns[i].finishing()
         self._finished.add(branch)
 
     def build(self, arrival_s: float | None = None) -> Program:

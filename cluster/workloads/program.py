@@ -78,6 +78,14 @@ class Turn:
         if self.kind == "fork" and self.parent_turn is None:
             raise ValueError("a fork turn needs parent_turn")
 
+    def finishing(self) -> Turn:
+        """This turn as its branch's last (what `dataclasses.replace` would give, faster)."""
+        return Turn(
+            self.branch_id, self.kind, self.append, self.output_tokens, self.output_seg,
+            self.deps, self.gap_s, self.parent_branch, self.parent_turn, self.compact_keep,
+            self.tool, True,
+        )  # fmt: skip
+
     @property
     def append_tokens(self) -> int:
         return sum(s.tokens for s in self.append)

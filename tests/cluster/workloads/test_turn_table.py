@@ -66,3 +66,11 @@ def test_a_packed_program_is_checked_like_a_tuple_one() -> None:
         Program(cc.program_id, cc.workload, TurnTable(turns))
     with pytest.raises(IndexError, match="out of range"):
         TurnTable(turns)[len(turns)]
+
+
+def test_a_finishing_turn_is_the_turn_with_its_branch_finished() -> None:
+    from dataclasses import fields, replace
+
+    for t in _programs("cc", 5, 1)[0].turns:
+        assert t.finishing() == replace(t, finishes_branch=True)
+    assert [f.name for f in fields(Turn)][-1] == "finishes_branch"
