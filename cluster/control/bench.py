@@ -68,7 +68,7 @@ def run(quick: bool) -> dict[str, Any]:
     ingest_s = time.perf_counter() - t0
     mem, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    blocks = len(d.blocks)
+    blocks = int(d.stats()["blocks"])
     # A second copy on a peer for a third of the contexts (fetchable prefixes).
     for k, path in enumerate(paths[::3]):
         d.store((k * 7 + 3) % 32, path[: len(path) // 2], 0, "host", 1.0, BLOCK)

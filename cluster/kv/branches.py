@@ -224,13 +224,10 @@ class BranchTable:
 
     def check_invariants(self) -> None:
         expected = self.recount()
-        actual: dict[tuple[int, BlockHash], int] = {}
-        for h, b in self.directory.blocks.items():
-            for n, hold in b.holders.items():
-                if hold.count < 0:
-                    raise AssertionError(f"negative count R[{h},{n}] = {hold.count}")
-                if hold.count:
-                    actual[(n, h)] = hold.count
+        actual = self.directory.all_counts()
+        for (n, h), c in actual.items():
+            if c <= 0:
+                raise AssertionError(f"nonpositive count R[{h},{n}] = {c} kept")
         if expected != actual:
             diff = {
                 k: (expected.get(k), actual.get(k))

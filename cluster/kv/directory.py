@@ -1,11 +1,14 @@
 """Cluster-wide KV directory with branch counts (paper 000 §4.3, App. A.3; SPEC §4).
 
-A prefix tree of KV blocks keyed by chained block hashes, as in Dynamo's KV indexer: each
-block records its parent and, per node that holds it, the tiers (GPU, host), the last
-access time and the branch count R_{b,n} (how many active branches reference the block on
-that node; maintained by `BranchTable`). KV events (stored / removed / cleared, with tier)
-keep it current. Entries that no node holds and no branch counts are dropped, so memory
-tracks the cluster's cached KV, not its history.
+A prefix tree of KV blocks keyed by chained block hashes, as in Dynamo's KV indexer (a
+block's hash names its parent's, so the tree needs no parent links): per node, which
+blocks it holds in which tiers (GPU, host), and the branch counts R_{b,n} (how many active
+branches reference the block on that node; maintained by `BranchTable`). KV events
+(stored / removed / cleared, with tier) keep it current. Both are per-node tables of
+plain ints (block -> tier bits, block -> count), holding only nonzero values: a block no
+node holds and no branch counts takes no memory, and a count that precedes its block's
+KV event (or outlives it) is one table entry. Memory tracks the cluster's cached KV, not
+its history.
 
 Engines name blocks by their own hashes; events that carry token ids are re-keyed onto the
 directory's chain (Dynamo does the same), and a per-node table maps engine hashes to
@@ -17,6 +20,7 @@ Holdings per node are assumed prefix-closed (radix caches evict leaves first), w
 
 from __future__ import annotations
 
+from collections import _count_elements  # type: ignore[attr-defined]
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
@@ -44,26 +48,13 @@ def _held_prefix(n: int, held: Callable[[int], bool]) -> int:
     return lo
 
 
-class Holding:
-    """One node's copy of one block."""
+class Counts(dict[BlockHash, int]):
+    """One node's branch counts R_{b,n} > 0; an absent block counts 0 (`counts[h]`)."""
 
-    __slots__ = ("access", "count", "tiers")
+    __slots__ = ()
 
-    def __init__(self, tiers: int, access: float) -> None:
-        self.tiers = tiers
-        self.access = access
-        self.count = 0
-
-
-class Block:
-    """A directory entry: parent hash, number of tokens and the nodes holding it."""
-
-    __slots__ = ("holders", "parent", "tokens")
-
-    def __init__(self, parent: BlockHash, tokens: int) -> None:
-        self.parent = parent
-        self.tokens = tokens
-        self.holders: dict[int, Holding] = {}
+    def __missing__(self, h: BlockHash) -> int:
+        return 0
 
 
 class PrefixMatch(NamedTuple):
@@ -85,7 +76,10 @@ class KVDirectory:
         if block_tokens <= 0:
             raise ValueError(f"block_tokens must be > 0, got {block_tokens}")
         self.block_tokens = block_tokens
-        self.blocks: dict[BlockHash, Block] = {}
+        # node -> block -> tier bits (GPU | HOST) of the blocks it holds (bits never 0)
+        self._tiers: dict[int, dict[BlockHash, int]] = {}
+        # node -> block -> R_{b,n} of the blocks with a nonzero count there
+        self._counts: dict[int, Counts] = {}
         # node -> engine block hash -> directory hash (only for re-keyed live events)
         self._engine_keys: dict[int, dict[BlockHash, BlockHash]] = {}
         self.count_listeners: list[CountListener] = []  # every change of R_{b,n}
@@ -95,6 +89,20 @@ class KVDirectory:
         self.drop_listeners: list[DropListener] = []
         self.num_events = 0
 
+    def _node_tiers(self, node: int) -> dict[BlockHash, int]:
+        d = self._tiers.get(node)
+        if d is None:
+            d = self._tiers[node] = {}
+        return d
+
+    def counts_of(self, node: int) -> Counts:
+        """The node's live count table (block -> R_{b,n}; `table[h]` is 0 when absent):
+        its `__getitem__` is the caches' `count_of`. Read it, never write it."""
+        c = self._counts.get(node)
+        if c is None:
+            c = self._counts[node] = Counts()
+        return c
+
     # ---- KV events -------------------------------------------------------------------
     def apply(self, event: KVEvent) -> None:
         """Apply one KV event (SGLang/vLLM BlockStored, BlockRemoved, AllBlocksCleared)."""
@@ -103,10 +111,11 @@ class KVDirectory:
             self._stored(event)
         elif event.kind is KVEventKind.REMOVED:
             keys = self._engine_keys.get(event.node_id)
+            if keys is None:
+                self.remove_all(event.node_id, event.block_hashes, event.tier)
+                return
             for h in event.block_hashes:
-                if keys is not None:
-                    h = keys.pop(h, h)
-                self.remove(event.node_id, h, event.tier)
+                self.remove(event.node_id, keys.pop(h, h), event.tier)
         elif event.kind is KVEventKind.CLEARED:
             self.clear_node(event.node_id, event.tier)
         else:  # pragma: no cover - enum is closed
@@ -145,143 +154,131 @@ class KVDirectory:
         t: float,
         block_tokens: int | None = None,
     ) -> None:
-        """Record that `node` holds the chain `hashes` (first one's parent `parent`) in `tier`."""
+        """Record that `node` holds the chain `hashes` (first one's parent `parent`) in `tier`.
+
+        The chain is implied by the chained hashes, so neither the parent nor the time is
+        kept (nothing reads them: the caches keep each block's last access)."""
         bit = _TIER_BIT[tier]
-        tokens = block_tokens or self.block_tokens
-        blocks = self.blocks
-        get = blocks.get
+        tiers = self._node_tiers(node)
+        get = tiers.get
         for h in hashes:
-            b = get(h)
-            if b is None:
-                b = blocks[h] = Block(parent, tokens)
-                b.holders[node] = Holding(bit, t)
-            else:
-                b.parent = parent  # a count placeholder learns its parent when stored
-                hold = b.holders.get(node)
-                if hold is None:
-                    b.holders[node] = Holding(bit, t)
-                else:
-                    hold.tiers |= bit
-                    if t > hold.access:
-                        hold.access = t
-            parent = h
+            tiers[h] = get(h, 0) | bit
 
     def remove(self, node: int, h: BlockHash, tier: Tier | None) -> None:
         """`node` dropped block `h` from `tier` (None = every tier)."""
-        b = self.blocks.get(h)
-        if b is None:
+        tiers = self._tiers.get(node)
+        if not tiers:
             return
-        hold = b.holders.get(node)
-        if hold is None:
+        bits = tiers.get(h)
+        if bits is None:
             return
-        if not hold.tiers:
+        bits &= ~(_TIER_BIT[tier] if tier else GPU | HOST)
+        if bits:
+            tiers[h] = bits
+        else:
+            del tiers[h]
+            if self.drop_listeners:
+                self._dropped(node, h)
+
+    def remove_all(self, node: int, hashes: Iterable[BlockHash], tier: Tier | None) -> None:
+        """`remove` of each block of `hashes`, in order."""
+        tiers = self._tiers.get(node)
+        if not tiers:
             return
-        hold.tiers &= ~(_TIER_BIT[tier] if tier else GPU | HOST)
-        if hold.tiers == 0:
-            self._drop_holding(node, h, b, hold)
+        keep = ~(_TIER_BIT[tier] if tier else GPU | HOST)
+        get = tiers.get
+        drops = self.drop_listeners
+        for h in hashes:
+            bits = get(h)
+            if bits is None:
+                continue
+            bits &= keep
+            if bits:
+                tiers[h] = bits
+            else:
+                del tiers[h]
+                if drops:
+                    self._dropped(node, h)
 
     def clear_node(self, node: int, tier: Tier | None = None) -> None:
-        """`node` dropped every block of `tier` (None = all tiers)."""
-        for h in [h for h, b in self.blocks.items() if node in b.holders and b.holders[node].tiers]:
-            self.remove(node, h, tier)
+        """`node` dropped every block of `tier` (None = all tiers), in the order it stored
+        them first."""
+        tiers = self._tiers.get(node)
+        if tiers:
+            self.remove_all(node, list(tiers), tier)
         if tier is None:
             self._engine_keys.pop(node, None)
 
-    def _drop_holding(self, node: int, h: BlockHash, b: Block, hold: Holding) -> None:
+    def _dropped(self, node: int, h: BlockHash) -> None:
         """The node no longer holds the block in any tier.
 
-        Branch references survive the loss of residency (the holding stays as a
-        placeholder while R_{b,n} > 0): the branch still needs the block on that node, and
-        its next prefill there re-stores it. Alg. E.2 instead zeroes R_{b,n} and re-adds
-        the count at the next placement; both agree once the block is stored again, and
-        keeping the reference avoids a reverse index from blocks to branches.
+        Branch references survive the loss of residency (the count stays while
+        R_{b,n} > 0): the branch still needs the block on that node, and its next prefill
+        there re-stores it. Alg. E.2 instead zeroes R_{b,n} and re-adds the count at the
+        next placement; both agree once the block is stored again, and keeping the
+        reference avoids a reverse index from blocks to branches.
         """
+        c = self._counts.get(node)
+        count = c.get(h, 0) if c is not None else 0
         for listener in self.drop_listeners:
-            listener(node, h, hold.count)
-        if hold.count == 0:
-            del b.holders[node]
-            if not b.holders:
-                del self.blocks[h]
+            listener(node, h, count)
 
     # ---- counts (driven by BranchTable) ----------------------------------------------
     def add_count(self, node: int, hashes: Iterable[BlockHash], delta: int, t: float) -> None:
-        """R_{b,n} += delta for each block; blocks not (yet) held get a placeholder holding.
+        """R_{b,n} += delta for each block; blocks not (yet) held are counted all the same.
 
         A placement counts the blocks its prefill will add before they are stored
         (Alg. E.1 line 1), so counts may precede the KV event.
         """
-        blocks = self.blocks
+        counts = self.counts_of(node)
         listeners = self.count_listeners
+        if delta == 1 and not listeners:
+            _count_elements(counts, hashes)  # counts[h] = counts.get(h, 0) + 1, in C
+            return
         zeros: list[BlockHash] | None = [] if delta < 0 and self.zero_listeners else None
-        get = blocks.get
+        tiers = self._tiers.get(node) or {}
+        get = counts.get
         for h in hashes:
-            b = get(h)
-            if b is None:
+            before = get(h)
+            if before is None:
                 if delta < 0:
-                    raise AssertionError(f"count release of unknown block {h} on node {node}")
-                b = blocks[h] = Block(ROOT_HASH, self.block_tokens)
-            holders = b.holders
-            hold = holders.get(node)
-            if hold is None:
-                if delta < 0:
-                    raise AssertionError(f"count release of block {h} not on node {node}")
-                hold = holders[node] = Holding(0, t)
-            before = hold.count
-            hold.count = after = before + delta
+                    raise AssertionError(f"count release of block {h} not counted on node {node}")
+                before = 0
+            after = before + delta
             if after < 0:
                 raise AssertionError(f"negative count for block {h} on node {node}")
             if listeners:
                 for listener in listeners:
                     listener(node, h, after)
-            if after == 0:
-                if hold.tiers == 0:
-                    del holders[node]
-                    if not holders:
-                        del blocks[h]
-                elif zeros is not None:
+            if after:
+                counts[h] = after
+            elif before:
+                del counts[h]
+                if zeros is not None and h in tiers:
                     zeros.append(h)
         if zeros:
             for zl in self.zero_listeners:
                 zl(node, zeros)
 
     def count(self, node: int, h: BlockHash) -> int:
-        b = self.blocks.get(h)
-        if b is None:
-            return 0
-        hold = b.holders.get(node)
-        return 0 if hold is None else hold.count
+        c = self._counts.get(node)
+        return 0 if c is None else c.get(h, 0)
 
     def touch(self, node: int, hashes: Iterable[BlockHash], t: float) -> None:
-        """Update last access of the blocks `node` holds."""
-        for h in hashes:
-            b = self.blocks.get(h)
-            if b is not None:
-                hold = b.holders.get(node)
-                if hold is not None and t > hold.access:
-                    hold.access = t
+        """A use of the blocks `node` holds: nothing to record (see `store`)."""
+        return None
 
     # ---- queries -------------------------------------------------------------------
     def holds(self, node: int, h: BlockHash, tier: Tier | None = None) -> bool:
-        b = self.blocks.get(h)
-        if b is None:
+        tiers = self._tiers.get(node)
+        if not tiers:
             return False
-        hold = b.holders.get(node)
-        if hold is None:
-            return False
-        return bool(hold.tiers & (_TIER_BIT[tier] if tier else GPU | HOST))
+        return bool(tiers.get(h, 0) & (_TIER_BIT[tier] if tier else GPU | HOST))
 
     def _prefix_len(self, path: Sequence[BlockHash], node: int, mask: int) -> int:
         """Leading blocks of `path` that `node` holds in `mask` tiers (binary search)."""
-        blocks = self.blocks
-
-        def held(i: int) -> bool:
-            b = blocks.get(path[i])
-            if b is None:
-                return False
-            hold = b.holders.get(node)
-            return hold is not None and bool(hold.tiers & mask)
-
-        return _held_prefix(len(path), held)
+        get = (self._tiers.get(node) or {}).get
+        return _held_prefix(len(path), lambda i: bool(get(path[i], 0) & mask))
 
     def prefix_lengths(
         self, path: Sequence[BlockHash], nodes: Iterable[int], mask: int = GPU | HOST
@@ -289,29 +286,26 @@ class KVDirectory:
         """Leading blocks of `path` each node holds in `mask` tiers.
 
         One binary search for all nodes at once: probing block `mid` splits the candidate
-        nodes into those holding it (prefix > mid) and the rest (prefix <= mid), so a probe
-        costs one directory lookup however many nodes it decides.
+        nodes into those holding it (prefix > mid) and the rest (prefix <= mid).
         """
         out: dict[int, int] = {}
-        blocks = self.blocks
-        stack: list[tuple[int, int, list[int]]] = [(0, len(path), list(nodes))]
+        tables = self._tiers
+        empty: dict[BlockHash, int] = {}
+        stack: list[tuple[int, int, list[tuple[int, dict[BlockHash, int]]]]] = [
+            (0, len(path), [(n, tables.get(n) or empty) for n in nodes])
+        ]
         while stack:
             lo, hi, ns = stack.pop()
             if lo >= hi:
-                for n in ns:
+                for n, _ in ns:
                     out[n] = lo
                 continue
             mid = (lo + hi) // 2
-            b = blocks.get(path[mid])
-            if b is None:
-                stack.append((lo, mid, ns))
-                continue
-            holders = b.holders
-            yes: list[int] = []
-            no: list[int] = []
-            for n in ns:
-                hd = holders.get(n)
-                (yes if hd is not None and hd.tiers & mask else no).append(n)
+            h = path[mid]
+            yes: list[tuple[int, dict[BlockHash, int]]] = []
+            no: list[tuple[int, dict[BlockHash, int]]] = []
+            for nt in ns:
+                (yes if nt[1].get(h, 0) & mask else no).append(nt)
             if yes:
                 stack.append((mid + 1, hi, yes))
             if no:
@@ -333,48 +327,57 @@ class KVDirectory:
 
     def cluster_prefix(self, path: Sequence[BlockHash]) -> int:
         """Leading blocks of `path` that some node holds (any tier)."""
-        blocks = self.blocks
+        tables = [d for d in self._tiers.values() if d]
 
         def held(i: int) -> bool:
-            b = blocks.get(path[i])
-            return b is not None and any(h.tiers for h in b.holders.values())
+            h = path[i]
+            return any(h in d for d in tables)
 
         return _held_prefix(len(path), held)
 
     def holders_of(self, h: BlockHash) -> dict[int, int]:
         """node -> tier bits (1 = GPU, 2 = host) of the nodes holding block `h`."""
-        b = self.blocks.get(h)
-        return {} if b is None else {n: hd.tiers for n, hd in b.holders.items() if hd.tiers}
+        return {n: d[h] for n, d in self._tiers.items() if h in d}
+
+    def node_holdings(self, node: int) -> dict[BlockHash, int]:
+        """block -> tier bits of every block `node` holds."""
+        return dict(self._tiers.get(node) or {})
 
     def node_blocks(self, node: int) -> int:
-        return sum(1 for b in self.blocks.values() if node in b.holders and b.holders[node].tiers)
+        return len(self._tiers.get(node) or ())
 
     def node_counts(self, node: int) -> dict[BlockHash, int]:
         """R_{b,n} of every block with a nonzero count on `node` (held or placed)."""
-        out = {}
-        for h, b in self.blocks.items():
-            hold = b.holders.get(node)
-            if hold is not None and hold.count:
-                out[h] = hold.count
-        return out
+        return dict(self._counts.get(node) or {})
+
+    def all_counts(self) -> dict[tuple[int, BlockHash], int]:
+        """(node, block) -> R_{b,n} of every nonzero count."""
+        return {(n, h): c for n, cs in self._counts.items() for h, c in cs.items()}
 
     def stats(self) -> dict[str, float]:
-        holdings = sum(len(b.holders) for b in self.blocks.values())
-        counted = sum(1 for b in self.blocks.values() for hd in b.holders.values() if hd.count)
+        blocks: set[BlockHash] = set()
+        holdings = counted = 0
+        for n in self._tiers.keys() | self._counts.keys():
+            tiers = self._tiers.get(n) or {}
+            counts = self._counts.get(n) or {}
+            blocks.update(tiers)
+            blocks.update(counts)
+            holdings += len(tiers) + sum(1 for h in counts if h not in tiers)
+            counted += len(counts)
         return {
-            "blocks": float(len(self.blocks)),
+            "blocks": float(len(blocks)),
             "holdings": float(holdings),
             "counted_holdings": float(counted),
             "events": float(self.num_events),
         }
 
     def check_invariants(self) -> None:
-        """Counts nonnegative; no empty entries; no holding without tiers and counts."""
-        for h, b in self.blocks.items():
-            if not b.holders:
-                raise AssertionError(f"block {h} has no holders but was kept")
-            for n, hd in b.holders.items():
-                if hd.count < 0:
-                    raise AssertionError(f"block {h} node {n}: negative count {hd.count}")
-                if hd.tiers == 0 and hd.count == 0:
-                    raise AssertionError(f"block {h} node {n}: empty holding kept")
+        """Counts positive; tier bits nonzero."""
+        for n, cs in self._counts.items():
+            for h, c in cs.items():
+                if c <= 0:
+                    raise AssertionError(f"block {h} node {n}: count {c} kept")
+        for n, tiers in self._tiers.items():
+            for h, bits in tiers.items():
+                if not bits & (GPU | HOST) or bits & ~(GPU | HOST):
+                    raise AssertionError(f"block {h} node {n}: tier bits {bits}")

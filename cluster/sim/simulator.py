@@ -19,7 +19,6 @@ switches, the end of the warmup, with `warmup`'s fit) and `metrics` (the summary
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -244,7 +243,7 @@ class Simulator:
         cfg, profile, d = self.cfg, self.profile, self.cp.directory
         l1 = cfg.l1_tokens or profile.l1_tokens
         l2 = cfg.l2_tokens or profile.l2_tokens
-        count_of = functools.partial(d.count, n)
+        count_of = d.counts_of(n).__getitem__  # C-level read; absent blocks count 0
         bt = profile.block_tokens
         paged, t_acc = cfg.engine_limits, profile.t_acc  # decode KV grows as generated
         mixed = self.collocated_only  # vLLM V1 collocated: prompts hold KV from admission

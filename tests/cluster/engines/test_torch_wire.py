@@ -124,7 +124,5 @@ def test_collectors_build_directory_and_exact_rows_from_the_engine() -> None:
     assert pre[1]["attn_pairs"] == 35 * 64 + 35 * 36 / 2  # exact, not the FPM estimate
     dec = sink.rows("decode_iterations")
     assert all(r["batch_size"] == 1 and r["experts_active"] >= cfg.model.top_k for r in dec)
-    stored = [e for e in directory.blocks.values() if 0 in e.holders]
-    assert stored and all(
-        e.holders[0].tiers == 3 for e in stored
-    )  # device + host (written through)
+    stored = directory.node_holdings(0)
+    assert stored and all(bits == 3 for bits in stored.values())  # device + host (written through)

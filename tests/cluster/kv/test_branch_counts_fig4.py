@@ -109,5 +109,5 @@ def test_finish_and_phase_switch_rules(table):
     assert R(d, D1, "S", "A") == [0, 0]
     t.finish("b1", 2.0)
     assert R(d, P1, "S", "A") == [0, 0]
-    assert d.blocks == {}  # nothing held, nothing counted: entries dropped
+    assert d.stats()["blocks"] == 0 and d.all_counts() == {}  # nothing held, nothing counted
     t.check_invariants()
