@@ -80,6 +80,8 @@ class KVDirectory:
         self._tiers: dict[int, dict[BlockHash, int]] = {}
         # node -> block -> R_{b,n} of the blocks with a nonzero count there
         self._counts: dict[int, Counts] = {}
+        # block -> number of nodes holding it in some tier (blocks no node holds: absent)
+        self._held: dict[BlockHash, int] = {}
         # node -> engine block hash -> directory hash (only for re-keyed live events)
         self._engine_keys: dict[int, dict[BlockHash, BlockHash]] = {}
         self.count_listeners: list[CountListener] = []  # every change of R_{b,n}
@@ -161,8 +163,16 @@ class KVDirectory:
         bit = _TIER_BIT[tier]
         tiers = self._node_tiers(node)
         get = tiers.get
+        new: list[BlockHash] = []
         for h in hashes:
-            tiers[h] = get(h, 0) | bit
+            bits = get(h)
+            if bits is None:
+                tiers[h] = bit
+                new.append(h)
+            elif not bits & bit:
+                tiers[h] = bits | bit
+        if new:
+            _count_elements(self._held, new)
 
     def remove(self, node: int, h: BlockHash, tier: Tier | None) -> None:
         """`node` dropped block `h` from `tier` (None = every tier)."""
@@ -177,6 +187,7 @@ class KVDirectory:
             tiers[h] = bits
         else:
             del tiers[h]
+            self._unheld(h)
             if self.drop_listeners:
                 self._dropped(node, h)
 
@@ -187,6 +198,7 @@ class KVDirectory:
             return
         keep = ~(_TIER_BIT[tier] if tier else GPU | HOST)
         get = tiers.get
+        held = self._held
         drops = self.drop_listeners
         for h in hashes:
             bits = get(h)
@@ -197,6 +209,11 @@ class KVDirectory:
                 tiers[h] = bits
             else:
                 del tiers[h]
+                k = held[h]
+                if k > 1:
+                    held[h] = k - 1
+                else:
+                    del held[h]
                 if drops:
                     self._dropped(node, h)
 
@@ -208,6 +225,13 @@ class KVDirectory:
             self.remove_all(node, list(tiers), tier)
         if tier is None:
             self._engine_keys.pop(node, None)
+
+    def _unheld(self, h: BlockHash) -> None:
+        k = self._held[h]
+        if k > 1:
+            self._held[h] = k - 1
+        else:
+            del self._held[h]
 
     def _dropped(self, node: int, h: BlockHash) -> None:
         """The node no longer holds the block in any tier.
@@ -235,6 +259,9 @@ class KVDirectory:
         if delta == 1 and not listeners:
             _count_elements(counts, hashes)  # counts[h] = counts.get(h, 0) + 1, in C
             return
+        if delta == -1 and not listeners:
+            self._release_one(node, counts, hashes)
+            return
         zeros: list[BlockHash] | None = [] if delta < 0 and self.zero_listeners else None
         tiers = self._tiers.get(node) or {}
         get = counts.get
@@ -259,6 +286,26 @@ class KVDirectory:
         if zeros:
             for zl in self.zero_listeners:
                 zl(node, zeros)
+
+    def _release_one(self, node: int, counts: Counts, hashes: Iterable[BlockHash]) -> None:
+        """`add_count(node, hashes, -1)` without count listeners."""
+        get = counts.get
+        zero: list[BlockHash] = []
+        for h in hashes:
+            c = get(h, 0)
+            if c > 1:
+                counts[h] = c - 1
+            elif c == 1:
+                del counts[h]
+                zero.append(h)
+            else:
+                raise AssertionError(f"count release of block {h} not counted on node {node}")
+        if zero and self.zero_listeners:
+            tiers = self._tiers.get(node)
+            zeros = [h for h in zero if h in tiers] if tiers else None
+            if zeros:
+                for zl in self.zero_listeners:
+                    zl(node, zeros)
 
     def count(self, node: int, h: BlockHash) -> int:
         c = self._counts.get(node)
@@ -290,6 +337,7 @@ class KVDirectory:
         """
         out: dict[int, int] = {}
         tables = self._tiers
+        held = self._held
         empty: dict[BlockHash, int] = {}
         stack: list[tuple[int, int, list[tuple[int, dict[BlockHash, int]]]]] = [
             (0, len(path), [(n, tables.get(n) or empty) for n in nodes])
@@ -302,6 +350,9 @@ class KVDirectory:
                 continue
             mid = (lo + hi) // 2
             h = path[mid]
+            if h not in held:
+                stack.append((lo, mid, ns))
+                continue
             yes: list[tuple[int, dict[BlockHash, int]]] = []
             no: list[tuple[int, dict[BlockHash, int]]] = []
             for nt in ns:
@@ -327,13 +378,8 @@ class KVDirectory:
 
     def cluster_prefix(self, path: Sequence[BlockHash]) -> int:
         """Leading blocks of `path` that some node holds (any tier)."""
-        tables = [d for d in self._tiers.values() if d]
-
-        def held(i: int) -> bool:
-            h = path[i]
-            return any(h in d for d in tables)
-
-        return _held_prefix(len(path), held)
+        held = self._held
+        return _held_prefix(len(path), lambda i: path[i] in held)
 
     def holders_of(self, h: BlockHash) -> dict[int, int]:
         """node -> tier bits (1 = GPU, 2 = host) of the nodes holding block `h`."""
@@ -355,12 +401,11 @@ class KVDirectory:
         return {(n, h): c for n, cs in self._counts.items() for h, c in cs.items()}
 
     def stats(self) -> dict[str, float]:
-        blocks: set[BlockHash] = set()
+        blocks: set[BlockHash] = set(self._held)
         holdings = counted = 0
         for n in self._tiers.keys() | self._counts.keys():
             tiers = self._tiers.get(n) or {}
             counts = self._counts.get(n) or {}
-            blocks.update(tiers)
             blocks.update(counts)
             holdings += len(tiers) + sum(1 for h in counts if h not in tiers)
             counted += len(counts)
@@ -372,7 +417,7 @@ class KVDirectory:
         }
 
     def check_invariants(self) -> None:
-        """Counts positive; tier bits nonzero."""
+        """Counts positive; tier bits nonzero; holder counts exact."""
         for n, cs in self._counts.items():
             for h, c in cs.items():
                 if c <= 0:
@@ -381,3 +426,8 @@ class KVDirectory:
             for h, bits in tiers.items():
                 if not bits & (GPU | HOST) or bits & ~(GPU | HOST):
                     raise AssertionError(f"block {h} node {n}: tier bits {bits}")
+        held: dict[BlockHash, int] = {}
+        for tiers in self._tiers.values():
+            _count_elements(held, tiers)
+        if held != self._held:
+            raise AssertionError("per-block holder counts differ from the nodes' tables")
