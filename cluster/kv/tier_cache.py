@@ -219,6 +219,10 @@ class LRUTierCache(TierCache):
     `move_to_end` per block instead of a lazily corrected heap entry. A chain is touched
     leaf first, so a parent is always more recent than its children and leaves go first
     (the key (T_b, -depth) of the heap version). Accesses must not go back in time.
+
+    An entry is the block's last access alone (no `CacheEntry`: the order is the
+    OrderedDict's, depth is never read, pins are rare): every block of the cache has the
+    size of the first block inserted (`block_tokens`), and pins live in a side table.
     """
 
     def __init__(
@@ -229,7 +233,9 @@ class LRUTierCache(TierCache):
         count_of: Callable[[BlockHash], int] | None = None,
     ) -> None:
         super().__init__(node, tier, capacity_tokens, LRUEviction(), count_of)
-        self.entries: OrderedDict[BlockHash, CacheEntry] = OrderedDict()
+        self.entries: OrderedDict[BlockHash, float] = OrderedDict()  # type: ignore[assignment]
+        self.block_tokens = 0  # set by the first insert
+        self._pins: dict[BlockHash, int] = {}
 
     def _push(self, h: BlockHash, e: CacheEntry, count: int | None = None) -> None:
         return None  # recency order lives in `entries`
@@ -237,6 +243,15 @@ class LRUTierCache(TierCache):
     def insert(
         self, hashes: Iterable[BlockHash], tokens: int, t: float, first_depth: int
     ) -> list[Evicted]:
+        if tokens != self.block_tokens:
+            if self.block_tokens:
+                raise ValueError(
+                    f"node {self.node} {self.tier}: blocks of {tokens} tokens in a cache of "
+                    f"{self.block_tokens}-token blocks (LRUTierCache holds one block size)"
+                )
+            if tokens <= 0:
+                raise ValueError(f"tokens per block must be > 0, got {tokens}")
+            self.block_tokens = tokens
         chain = list(hashes)
         entries = self.entries
         new = [h for h in chain if h not in entries]
@@ -247,39 +262,57 @@ class LRUTierCache(TierCache):
                 if h in entries:
                     entries.move_to_end(h)
             evicted = self.evict(need)
-        room = (self.capacity_tokens - self.used_tokens) // tokens if tokens else len(new)
+        room = (self.capacity_tokens - self.used_tokens) // tokens
         admitted = set(new[: max(room, 0)])  # the chain's leading new blocks, if space is short
-        depth = first_depth + len(chain) - 1
+        move = entries.move_to_end
         for h in reversed(chain):
-            e = entries.get(h)
-            if e is not None:
-                if t > e.access:
-                    e.access = t
-                entries.move_to_end(h)
+            a = entries.get(h)
+            if a is not None:
+                if t > a:
+                    entries[h] = t
+                move(h)
             elif h in admitted:
-                entries[h] = CacheEntry(tokens, t, depth)
+                entries[h] = t
                 self.used_tokens += tokens
-            depth -= 1
         return evicted
 
     def touch(self, hashes: Iterable[BlockHash], t: float) -> None:
         entries = self.entries
+        move = entries.move_to_end
         for h in reversed(list(hashes)):
-            e = entries.get(h)
-            if e is not None:
-                if t > e.access:
-                    e.access = t
-                entries.move_to_end(h)
+            a = entries.get(h)
+            if a is not None:
+                if t > a:
+                    entries[h] = t
+                move(h)
+
+    def pin(self, hashes: Iterable[BlockHash]) -> None:
+        pins = self._pins
+        for h in hashes:
+            if h in self.entries:
+                pins[h] = pins.get(h, 0) + 1
 
     def unpin(self, hashes: Iterable[BlockHash]) -> None:
+        pins = self._pins
         for h in hashes:
-            e = self.entries.get(h)
-            if e is not None and e.pins > 0:
-                e.pins -= 1
+            k = pins.get(h)
+            if k is not None and h in self.entries:
+                if k > 1:
+                    pins[h] = k - 1
+                else:
+                    del pins[h]
+
+    def remove(self, h: BlockHash) -> bool:
+        if self.entries.pop(h, None) is None:
+            return False
+        self._pins.pop(h, None)
+        self.used_tokens -= self.block_tokens
+        return True
 
     def clear(self) -> list[BlockHash]:
         gone = list(self.entries)
         self.entries.clear()
+        self._pins.clear()
         self.used_tokens = 0
         return gone
 
@@ -287,16 +320,29 @@ class LRUTierCache(TierCache):
         out: list[Evicted] = []
         freed = 0
         entries = self.entries
+        pins = self._pins
+        tokens = self.block_tokens
         pinned: list[BlockHash] = []
         while freed < need_tokens and entries:
-            h, e = entries.popitem(last=False)
-            if e.pins:
+            h, a = entries.popitem(last=False)
+            if pins and h in pins:
                 pinned.append(h)
-                entries[h] = e  # pinned: keep it, after the others
+                entries[h] = a  # pinned: keep it, after the others
                 if len(pinned) > len(entries):
                     break
                 continue
-            self.used_tokens -= e.tokens
-            freed += e.tokens
-            out.append(Evicted(h, e.tokens, self.count_of(h), e.access))
+            self.used_tokens -= tokens
+            freed += tokens
+            out.append(Evicted(h, tokens, self.count_of(h), a))
         return out
+
+    def check_invariants(self) -> None:
+        used = len(self.entries) * self.block_tokens
+        if used != self.used_tokens:
+            raise AssertionError(f"node {self.node} {self.tier}: used {self.used_tokens} != {used}")
+        if used > self.capacity_tokens:
+            raise AssertionError(
+                f"node {self.node} {self.tier}: over capacity {used} > {self.capacity_tokens}"
+            )
+        if any(h not in self.entries or k <= 0 for h, k in self._pins.items()):
+            raise AssertionError(f"node {self.node} {self.tier}: pins of absent blocks")
