@@ -404,8 +404,8 @@ class KVDirectory:
         blocks: set[BlockHash] = set(self._held)
         holdings = counted = 0
         for n in self._tiers.keys() | self._counts.keys():
-            tiers = self._tiers.get(n) or {}
-            counts = self._counts.get(n) or {}
+            tiers: dict[BlockHash, int] = self._tiers.get(n) or {}
+            counts: dict[BlockHash, int] = self._counts.get(n) or {}
             blocks.update(counts)
             holdings += len(tiers) + sum(1 for h in counts if h not in tiers)
             counted += len(counts)
