@@ -1,5 +1,6 @@
 """Tier caches: the heap-ordered cache and the exact-LRU cache agree on LRU order."""
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -57,3 +58,22 @@ def test_a_chain_longer_than_the_cache_keeps_its_leading_blocks():
     p = _chain(7, 6)
     lru.insert(p, 1, 1.0, 0)
     assert list(h in lru.entries for h in p) == [True] * 4 + [False] * 2
+
+
+def test_lru_pins_keep_blocks_and_one_block_size_per_cache():
+    lru = LRUTierCache(0, "gpu", 4)
+    a, b = _chain(1, 2), _chain(2, 2)
+    lru.insert(a, 1, 1.0, 0)
+    lru.insert(b, 1, 2.0, 0)
+    lru.pin(a)
+    ev = lru.insert(_chain(3, 2), 1, 3.0, 0)  # the pinned, older chain stays
+    assert [e.block_hash for e in ev] == [b[1], b[0]] and all(h in lru.entries for h in a)
+    assert [e.last_access for e in ev] == [2.0, 2.0]
+    lru.check_invariants()
+    lru.unpin(a)
+    ev = lru.insert(_chain(4, 1), 1, 4.0, 0)
+    assert [e.block_hash for e in ev] == [a[1]]  # unpinned: least recent goes first
+    assert lru.remove(a[0]) and not lru.remove(a[0]) and lru.used_tokens == 3
+    lru.check_invariants()
+    with pytest.raises(ValueError, match="blocks of 2 tokens in a cache of 1-token blocks"):
+        lru.insert(_chain(5, 1), 2, 5.0, 0)
