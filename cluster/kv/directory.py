@@ -162,17 +162,16 @@ class KVDirectory:
         kept (nothing reads them: the caches keep each block's last access)."""
         bit = _TIER_BIT[tier]
         tiers = self._node_tiers(node)
-        get = tiers.get
-        new: list[BlockHash] = []
-        for h in hashes:
-            bits = get(h)
-            if bits is None:
-                tiers[h] = bit
-                new.append(h)
-            elif not bits & bit:
-                tiers[h] = bits | bit
+        new = [h for h in hashes if h not in tiers]
+        if len(new) < len(hashes):  # some held already (in the other tier, or re-stored)
+            for h in hashes:
+                bits = tiers.get(h)
+                if bits is not None and not bits & bit:
+                    tiers[h] = bits | bit
         if new:
-            _count_elements(self._held, new)
+            fresh = dict.fromkeys(new, bit)  # in order, as one by one (a repeat once)
+            tiers.update(fresh)
+            _count_elements(self._held, fresh)
 
     def remove(self, node: int, h: BlockHash, tier: Tier | None) -> None:
         """`node` dropped block `h` from `tier` (None = every tier)."""

@@ -123,3 +123,15 @@ def test_bad_releases_are_refused():
         d.add_count(0, [1, 3], -1, 0.0)
     with pytest.raises(AssertionError, match="block 2 not counted on node 1"):
         d.add_count(1, [2], -1, 0.0)
+
+
+def test_a_block_repeated_in_one_store_is_one_holding():
+    d = KVDirectory(16)
+    d.store(0, [5, 6, 5], 0, "host", 0.0)
+    d.store(1, [5], 0, "gpu", 0.0)
+    d.check_invariants()  # holder counts exact
+    d.remove(0, 5, None)
+    assert d.holders_of(5) == {1: GPU} and d.longest_prefix([5], [0, 1]).cluster == 1
+    d.remove(1, 5, "gpu")
+    assert d.holders_of(5) == {} and d.longest_prefix([5], [0, 1]).cluster == 0
+    d.check_invariants()
