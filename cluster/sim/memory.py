@@ -155,6 +155,36 @@ def _scan_prefix(path: Sequence[BlockHash], held: dict[BlockHash, Any]) -> int:
     return k
 
 
+def stored_runs(
+    path: Sequence[BlockHash], start: int, new: list[BlockHash]
+) -> list[tuple[BlockHash | None, tuple[BlockHash, ...]]]:
+    """`new` (blocks of path[start:] in path order) as runs of consecutive path blocks, each
+    with the block before it as its parent: the chains of stored events engines send. Blocks
+    the cache already held split a store (a stored row's parent is its block's parent)."""
+    if not new:
+        return []
+    i = path.index(new[0], start)
+    n = len(new)
+    if list(path[i : i + n]) == new:  # one run: the common case
+        return [(path[i - 1] if i else None, tuple(new))]
+    fresh = set(new)
+    runs: list[tuple[BlockHash | None, tuple[BlockHash, ...]]] = []
+    run: list[BlockHash] = []
+    parent: BlockHash | None = None
+    for j in range(i, len(path)):
+        h = path[j]
+        if h in fresh:
+            if not run:
+                parent = path[j - 1] if j else None
+            run.append(h)
+        elif run:
+            runs.append((parent, tuple(run)))
+            run = []
+    if run:
+        runs.append((parent, tuple(run)))
+    return runs
+
+
 def kv_event_rows(events: Iterable[KVEvent]) -> dict[str, list[Any]]:
     """Columns of the `kv_events` table (SPEC §3) for the events: one row per block;
     stored rows chain `parent_hash` from the event's parent; a clear of every tier is one
@@ -317,9 +347,8 @@ class KVMemory:
                 new = [h for h in hashes if h in entries and (h in fresh or h in gone)]
         if new and new[-1] not in entries:  # no room for all (pinned blocks)
             new = [h for h in new if h in entries]
-        if new:
-            parent = path[start - 1] if start else None
-            events.append(KVEvent(t, self.node_id, _STORED, tier, tuple(new), parent, self.bt))
+        for parent, run in stored_runs(path, start, new):
+            events.append(KVEvent(t, self.node_id, _STORED, tier, run, parent, self.bt))
 
     def _removals(
         self, tier: Tier, evicted: list[Evicted], t: float, events: list[KVEvent]

@@ -9,7 +9,7 @@ from cluster.core import KVEvent, KVEventKind, MemorySink
 from cluster.kv.directory import GPU, HOST, KVDirectory
 from cluster.kv.eviction import LRUEviction
 from cluster.sim.buffer import BufferedSink
-from cluster.sim.memory import kv_event_rows, tier_caches
+from cluster.sim.memory import KVMemory, kv_event_rows, stored_runs, tier_caches
 from cluster.sim.simulator import SimConfig, Simulator
 from cluster.sim.tiered_memory import TieredMemory
 
@@ -168,3 +168,35 @@ def test_kv_event_rows_chain_parents_and_clear_each_tier():
     assert rows["tier"] == ["host", "host", "host", "gpu", "gpu", "host"]
     assert rows["num_tokens"] == [16, 16, 16, 16, 0, 0]
     assert rows["block_hash"] == [7, 8, 9, 9, None, None]
+
+
+def test_a_stored_row_names_the_block_before_it_as_parent(monkeypatch):
+    """Stored KV events are chains of consecutive blocks (as engines send them): when a
+    store skips blocks the cache already held, the chain is split, and every stored row's
+    parent is its block's predecessor in the context (None for a context's first block)."""
+    parent_of: dict[int, int | None] = {}
+    insert = KVMemory._insert
+
+    def watched(self, cache, tier, path, start, t, events):
+        for j in range(start, len(path)):
+            parent_of[path[j]] = path[j - 1] if j else None
+        return insert(self, cache, tier, path, start, t, events)
+
+    monkeypatch.setattr(KVMemory, "_insert", watched)
+    sink = MemorySink()
+    sim = Simulator(SimConfig(**HOST_PRESSURE | {"duration_s": 240}), sink=sink)  # type: ignore[arg-type]
+    sim.run()
+    stored = [r for r in sink.rows("kv_events") if r["kind"] == "stored"]
+    assert len(stored) > 1000
+    wrong = [r for r in stored if r["parent_hash"] != parent_of[r["block_hash"]]]
+    assert wrong == []
+    assert sum(r["parent_hash"] is None for r in stored) > 0  # contexts' first blocks
+
+
+def test_stored_runs_split_a_store_at_the_blocks_already_held():
+    path = [10, 11, 12, 13, 14, 15]
+    assert stored_runs(path, 0, []) == []
+    assert stored_runs(path, 2, [12, 13, 14, 15]) == [(11, (12, 13, 14, 15))]
+    assert stored_runs(path, 0, [10, 11]) == [(None, (10, 11))]
+    assert stored_runs(path, 1, [12, 13]) == [(11, (12, 13))]  # 11 was held already
+    assert stored_runs(path, 0, [10, 12, 13, 15]) == [(None, (10,)), (11, (12, 13)), (14, (15,))]
