@@ -149,9 +149,6 @@ class TurnTable(Sequence[Turn]):
     def deps(self, i: int) -> Sequence[int]:
         return self._deps[self._dep_ptr[i] : self._dep_ptr[i + 1]]
 
-    def gap_s(self, i: int) -> float:
-        return self._gap[i]
-
     def roots(self) -> list[int]:
         """Turns without deps (released at arrival)."""
         ptr = self._dep_ptr
