@@ -129,11 +129,6 @@ class PredictedTTFTRouter(_Base):
         assert decision is not None
         return decision
 
-    @staticmethod
-    def _wait(node: int, view: ClusterView, now: float) -> float:
-        """W_n: remaining time of the running batch plus Eq. 3 over queued and sent requests."""
-        return view.prefill_wait(node, now)
-
 
 @ROUTERS.register("cache-aware")
 class CacheAwareRouter(_Base):

@@ -188,8 +188,8 @@ class ClusterView:
         order they were sent)."""
         s = self._s
         wait = 0.0
-        r = s.reports.get(node)
-        if r is not None and now - r.t <= s.max_report_age_s:
+        r = s.fresh_report(node, now)
+        if r is not None:
             wait = max(0.0, r.remaining_s - (now - r.t)) + self.queued_time(node, r)
         sent = s.sent.get(node)
         if sent:

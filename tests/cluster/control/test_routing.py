@@ -66,7 +66,7 @@ def test_fetch_longer_than_the_wait_is_charged():
     x = 400 * BT
     tau = FetchModel().time(x)
     service = view.prefill_time(d.node_id, 402 * BT - x, x)
-    wait = PredictedTTFTRouter._wait(d.node_id, view, r.now)
+    wait = view.prefill_wait(d.node_id, r.now)
     assert d.fetch_tokens == x and tau > wait
     assert d.predicted_ttft_s == pytest.approx(
         wait + service + (tau - wait)
@@ -167,3 +167,19 @@ def test_all_routers_registered():
     )
     with pytest.raises(ValueError, match="choose one of"):
         ROUTERS.create("nope")
+
+
+def test_the_prefill_wait_is_the_running_batch_its_queue_and_what_was_sent_since():
+    """W_n = remaining time of the running batch (per a fresh report) + Eq. 3 over the
+    report's queue + Eq. 3 over the requests sent since; a stale report counts nothing."""
+    s = cluster({0: "prefill"})
+    view = ClusterView(s)
+    assert view.prefill_wait(0, 10.0) == 0.0
+    queue = (QueuedWork("a", 3000, 1000), QueuedWork("b", 500, 0))
+    s.report(NodeReport(0, 9.0, "prefill", queue, 0.4, 1))  # 0.4 s left at t = 9
+    s.record_sent(0, QueuedWork("c", 2000, 4000), 9.5)
+    queued = sum(view.prefill_time(0, q.t_uc, q.t_c) for q in queue)
+    sent = view.prefill_time(0, 2000, 4000)
+    assert view.prefill_wait(0, 9.2) == pytest.approx(0.2 + queued + sent)
+    assert view.prefill_wait(0, 9.9) == pytest.approx(queued + sent)  # the batch is done
+    assert view.prefill_wait(0, 14.5) == pytest.approx(sent)  # the report is stale (> 5 s)
