@@ -15,7 +15,8 @@ directory's chain (Dynamo does the same), and a per-node table maps engine hashe
 directory hashes for later removals. Simulated engines use directory hashes directly.
 
 Holdings per node are assumed prefix-closed (radix caches evict leaves first), which lets
-`longest_prefix` binary-search a request's path per node.
+`longest_prefix` binary-search a request's path for all candidate nodes at once; a
+per-block bitmask of the nodes holding it splits the candidates with one AND per probe.
 """
 
 from __future__ import annotations
@@ -80,8 +81,13 @@ class KVDirectory:
         self._tiers: dict[int, dict[BlockHash, int]] = {}
         # node -> block -> R_{b,n} of the blocks with a nonzero count there
         self._counts: dict[int, Counts] = {}
-        # block -> number of nodes holding it in some tier (blocks no node holds: absent)
+        # block -> bitmask of the nodes holding it in some tier (blocks no node holds:
+        # absent); a node's bit is `_node_bit[node]`, given on its first store. The router's
+        # prefix search splits candidate sets with one AND per probe instead of a lookup in
+        # each candidate node's table.
         self._held: dict[BlockHash, int] = {}
+        self._node_bit: dict[int, int] = {}
+        self._bit_node: list[int] = []  # bit position -> node
         # node -> engine block hash -> directory hash (only for re-keyed live events)
         self._engine_keys: dict[int, dict[BlockHash, BlockHash]] = {}
         self.count_listeners: list[CountListener] = []  # every change of R_{b,n}
@@ -96,6 +102,13 @@ class KVDirectory:
         if d is None:
             d = self._tiers[node] = {}
         return d
+
+    def _bit(self, node: int) -> int:
+        b = self._node_bit.get(node)
+        if b is None:
+            b = self._node_bit[node] = 1 << len(self._bit_node)
+            self._bit_node.append(node)
+        return b
 
     def counts_of(self, node: int) -> Counts:
         """The node's live count table (block -> R_{b,n}; `table[h]` is 0 when absent):
@@ -171,7 +184,12 @@ class KVDirectory:
         if new:
             fresh = dict.fromkeys(new, bit)  # in order, as one by one (a repeat once)
             tiers.update(fresh)
-            _count_elements(self._held, fresh)
+            held = self._held
+            nb = self._bit(node)
+            get = held.get
+            for h in fresh:
+                m = get(h)
+                held[h] = nb if m is None else m | nb
 
     def remove(self, node: int, h: BlockHash, tier: Tier | None) -> None:
         """`node` dropped block `h` from `tier` (None = every tier)."""
@@ -186,7 +204,7 @@ class KVDirectory:
             tiers[h] = bits
         else:
             del tiers[h]
-            self._unheld(h)
+            self._unheld(node, h)
             if self.drop_listeners:
                 self._dropped(node, h)
 
@@ -198,6 +216,7 @@ class KVDirectory:
         keep = ~(_TIER_BIT[tier] if tier else GPU | HOST)
         get = tiers.get
         held = self._held
+        nb = self._node_bit[node]  # a node with a table has stored, so has its bit
         drops = self.drop_listeners
         for h in hashes:
             bits = get(h)
@@ -208,9 +227,9 @@ class KVDirectory:
                 tiers[h] = bits
             else:
                 del tiers[h]
-                k = held[h]
-                if k > 1:
-                    held[h] = k - 1
+                m = held[h] ^ nb
+                if m:
+                    held[h] = m
                 else:
                     del held[h]
                 if drops:
@@ -225,10 +244,10 @@ class KVDirectory:
         if tier is None:
             self._engine_keys.pop(node, None)
 
-    def _unheld(self, h: BlockHash) -> None:
-        k = self._held[h]
-        if k > 1:
-            self._held[h] = k - 1
+    def _unheld(self, node: int, h: BlockHash) -> None:
+        m = self._held[h] ^ self._node_bit[node]
+        if m:
+            self._held[h] = m
         else:
             del self._held[h]
 
@@ -332,34 +351,39 @@ class KVDirectory:
         """Leading blocks of `path` each node holds in `mask` tiers.
 
         One binary search for all nodes at once: probing block `mid` splits the candidate
-        nodes into those holding it (prefix > mid) and the rest (prefix <= mid).
+        nodes into those holding it (prefix > mid) and the rest (prefix <= mid) — for any
+        tier, one AND of the candidates' bitmask with the block's holders.
         """
-        out: dict[int, int] = {}
-        tables = self._tiers
+        nodes = list(nodes)
+        if mask != GPU | HOST:
+            return {n: self._prefix_len(path, n, mask) for n in nodes}
+        node_bit = self._node_bit
+        cand = 0
+        for n in nodes:
+            cand |= node_bit.get(n, 0)
+        found: dict[int, int] = {}  # bit position -> prefix length
         held = self._held
-        empty: dict[BlockHash, int] = {}
-        stack: list[tuple[int, int, list[tuple[int, dict[BlockHash, int]]]]] = [
-            (0, len(path), [(n, tables.get(n) or empty) for n in nodes])
-        ]
+        stack = [(0, len(path), cand)] if cand else []
         while stack:
-            lo, hi, ns = stack.pop()
+            lo, hi, m = stack.pop()
             if lo >= hi:
-                for n, _ in ns:
-                    out[n] = lo
+                while m:
+                    low = m & -m
+                    found[low.bit_length() - 1] = lo
+                    m ^= low
                 continue
             mid = (lo + hi) // 2
-            h = path[mid]
-            if h not in held:
-                stack.append((lo, mid, ns))
-                continue
-            yes: list[tuple[int, dict[BlockHash, int]]] = []
-            no: list[tuple[int, dict[BlockHash, int]]] = []
-            for nt in ns:
-                (yes if nt[1].get(h, 0) & mask else no).append(nt)
+            yes = m & held.get(path[mid], 0)
             if yes:
                 stack.append((mid + 1, hi, yes))
-            if no:
-                stack.append((lo, mid, no))
+                if yes != m:
+                    stack.append((lo, mid, m ^ yes))
+            else:
+                stack.append((lo, mid, m))
+        out: dict[int, int] = {}
+        for n in nodes:
+            b = node_bit.get(n)
+            out[n] = 0 if b is None else found[b.bit_length() - 1]
         return out
 
     def longest_prefix(
@@ -382,7 +406,14 @@ class KVDirectory:
 
     def holders_of(self, h: BlockHash) -> dict[int, int]:
         """node -> tier bits (1 = GPU, 2 = host) of the nodes holding block `h`."""
-        return {n: d[h] for n, d in self._tiers.items() if h in d}
+        m = self._held.get(h, 0)
+        out: dict[int, int] = {}
+        while m:
+            low = m & -m
+            n = self._bit_node[low.bit_length() - 1]
+            out[n] = self._tiers[n][h]
+            m ^= low
+        return out
 
     def node_holdings(self, node: int) -> dict[BlockHash, int]:
         """block -> tier bits of every block `node` holds."""
@@ -416,7 +447,7 @@ class KVDirectory:
         }
 
     def check_invariants(self) -> None:
-        """Counts positive; tier bits nonzero; holder counts exact."""
+        """Counts positive; tier bits nonzero; holder bitmasks exact."""
         for n, cs in self._counts.items():
             for h, c in cs.items():
                 if c <= 0:
@@ -426,7 +457,9 @@ class KVDirectory:
                 if not bits & (GPU | HOST) or bits & ~(GPU | HOST):
                     raise AssertionError(f"block {h} node {n}: tier bits {bits}")
         held: dict[BlockHash, int] = {}
-        for tiers in self._tiers.values():
-            _count_elements(held, tiers)
+        for n, tiers in self._tiers.items():
+            b = self._node_bit[n] if tiers else 0  # a node holding blocks has a bit
+            for h in tiers:
+                held[h] = held.get(h, 0) | b
         if held != self._held:
-            raise AssertionError("per-block holder counts differ from the nodes' tables")
+            raise AssertionError("per-block holder bitmasks differ from the nodes' tables")

@@ -135,3 +135,30 @@ def test_a_block_repeated_in_one_store_is_one_holding():
     d.remove(1, 5, "gpu")
     assert d.holders_of(5) == {} and d.longest_prefix([5], [0, 1]).cluster == 0
     d.check_invariants()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 10_000), st.integers(0, 30), st.sampled_from(TIERS)),
+        max_size=150,
+    ),
+    st.lists(st.integers(0, 10_000), min_size=1, max_size=20),
+    st.data(),
+)
+def test_prefixes_over_many_sparse_node_ids(stores, candidates, data):
+    """Holder bitmasks over more nodes than a machine word, with sparse node ids: each
+    candidate's prefix (held, never held, dropped again) equals its own binary search."""
+    path = list(range(1, 31))
+    d = KVDirectory(16)
+    for node, k, tier in stores:
+        d.store(node, path[:k], 0, tier, 0.0)
+    dropped = data.draw(st.lists(st.sampled_from([n for n, _, _ in stores] or [0]), max_size=5))
+    for node in dropped:
+        d.clear_node(node, data.draw(st.sampled_from((*TIERS, None))))
+    d.check_invariants()
+    got = d.prefix_lengths(path, candidates)
+    assert got == {n: d._prefix_len(path, n, GPU | HOST) for n in candidates}
+    assert list(got) == list(dict.fromkeys(candidates))
+    gpu = d.prefix_lengths(path, candidates, GPU)
+    assert gpu == {n: d._prefix_len(path, n, GPU) for n in candidates}
