@@ -13,8 +13,9 @@ Short programs (a trace's single calls) stay plain tuples: packing pays only for
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator, Sequence
-from typing import overload
+from collections.abc import Collection, Iterator, Sequence
+from itertools import accumulate, chain
+from typing import Any, overload
 
 from cluster.workloads.program import TURN_KINDS, Segment, Turn
 
@@ -71,37 +72,61 @@ class TurnTable(Sequence[Turn]):
     )
 
     def __init__(self, turns: Sequence[Turn]) -> None:
-        names: list[str | None] = [None]  # branch ids and tool names; index 0 is None
-        index: dict[str | None, int] = {None: 0}
+        self._fill(
+            [
+                (t.branch_id, t.kind, t.append, t.output_tokens, t.output_seg, t.deps, t.gap_s,
+                 t.parent_branch, t.parent_turn, t.compact_keep, t.tool)
+                for t in turns
+            ],
+            [t.finishes_branch for t in turns],
+        )  # fmt: skip
 
-        def name(s: str | None) -> int:
-            i = index.get(s)
-            if i is None:
-                i = index[s] = len(names)
-                names.append(s)
-            return i
+    @classmethod
+    def from_rows(cls, rows: Sequence[tuple[Any, ...]], finishing: Collection[int]) -> TurnTable:
+        """A table from rows of `Turn`'s fields in field order without `finishes_branch`
+        (`ProgramBuilder`'s form); `finishing` holds the indices of the branches' last turns.
+        The rows are not checked as `Turn` checks its fields: the builder has done that."""
+        table = cls.__new__(cls)
+        table._fill(rows, [i in finishing for i in range(len(rows))])
+        return table
 
-        self._kind = array("b", [_KIND_INDEX[t.kind] for t in turns])
-        self._branch = array("i", [name(t.branch_id) for t in turns])
-        self._parent_branch = array("i", [name(t.parent_branch) for t in turns])
-        self._tool = array("i", [name(t.tool) for t in turns])
-        self._names = tuple(names)
-        self._out_tok = array("i", [t.output_tokens for t in turns])
-        self._out_seg = array("q", [t.output_seg for t in turns])
-        self._gap = array("d", [t.gap_s for t in turns])
-        self._parent_turn = array(
-            "i", [-1 if t.parent_turn is None else t.parent_turn for t in turns]
-        )
-        self._keep = array("i", [t.compact_keep for t in turns])
-        self._finishes = array("b", [t.finishes_branch for t in turns])
-        self._dep_ptr, self._deps = _csr([t.deps for t in turns])
-        self._app_ptr, self._app_id = _csr([[s.seg_id for s in t.append] for t in turns], "q")
-        self._app_tok = array("i", [s.tokens for t in turns for s in t.append])
-        succ: list[list[int]] = [[] for _ in turns]
-        for i, t in enumerate(turns):
-            for d in t.deps:
+    def _fill(self, rows: Sequence[tuple[Any, ...]], finishes: list[bool]) -> None:
+        n = len(rows)
+        if n:
+            branch, kind, append, out_tok, out_seg, deps, gap, pbranch, pturn, keep, tool = zip(
+                *rows, strict=True
+            )
+        else:
+            branch = kind = append = out_tok = out_seg = deps = gap = pbranch = pturn = keep = ()
+            tool = ()
+        # Branch ids and tool names, index 0 is None (in order of first use, column by column).
+        index: dict[str | None, int] = dict.fromkeys((None, *branch, *pbranch, *tool), 0)
+        names = tuple(index)
+        for i, s in enumerate(names):
+            index[s] = i
+        look = index.__getitem__
+        self._kind = array("b", map(_KIND_INDEX.__getitem__, kind))
+        self._branch = array("i", map(look, branch))
+        self._parent_branch = array("i", map(look, pbranch))
+        self._tool = array("i", map(look, tool))
+        self._names = names
+        self._out_tok = array("i", out_tok)
+        self._out_seg = array("q", out_seg)
+        self._gap = array("d", gap)
+        self._parent_turn = array("i", [-1 if t is None else t for t in pturn])
+        self._keep = array("i", keep)
+        self._finishes = array("b", finishes)
+        self._dep_ptr = array("i", accumulate(map(len, deps), initial=0))
+        self._deps = array("i", chain.from_iterable(deps))
+        self._app_ptr = array("i", accumulate(map(len, append), initial=0))
+        self._app_id = array("q", [s.seg_id for a in append for s in a])
+        self._app_tok = array("i", [s.tokens for a in append for s in a])
+        succ: list[list[int]] = [[] for _ in range(n)]
+        for i, ds in enumerate(deps):
+            for d in ds:
                 succ[d].append(i)
-        self._succ_ptr, self._succ = _csr(succ)
+        self._succ_ptr = array("i", accumulate(map(len, succ), initial=0))
+        self._succ = array("i", chain.from_iterable(succ))
 
     # -- Sequence[Turn] ------------------------------------------------------------------------
 
@@ -190,15 +215,6 @@ class TurnTable(Sequence[Turn]):
             names[self._tool[i]],
             bool(self._finishes[i]),
         )
-
-
-def _csr(rows: Sequence[Sequence[int]], code: str = "i") -> tuple[array[int], array[int]]:
-    ptr = array("i", [0])
-    flat = array(code)
-    for r in rows:
-        flat.extend(r)
-        ptr.append(len(flat))
-    return ptr, flat
 
 
 def root_turns(turns: Sequence[Turn]) -> list[int]:
