@@ -38,8 +38,9 @@ class ProgramBuilder:
         self._rows: list[Row] = []
         self._finishing: set[int] = set()  # turns that finish their branch
         # Turn i's input context is _ctx[i][:_ctx_len[i]] (its branch's list), of _ctx_tok[i]
-        # tokens; only a branch's own "append" turns extend its list, in place.
-        self._ctx: list[list[Segment]] = []
+        # tokens; only a branch's own "append" turns extend its list, in place. An int j in a
+        # list stands for turn j's output segment (made only when a context is read).
+        self._ctx: list[list[Segment | int]] = []
         self._ctx_len: list[int] = []
         self._ctx_tok: list[int] = []
         self._last: dict[str, int] = {}  # branch -> index of its latest turn
@@ -62,11 +63,22 @@ class ProgramBuilder:
         return [Turn(*r, i in fin) for i, r in enumerate(self._rows)]
 
     def context(self, turn: int) -> tuple[Segment, ...]:
-        return tuple(self._ctx[turn][: self._ctx_len[turn]])
+        return tuple(
+            s if isinstance(s, Segment) else self._output(s)
+            for s in self._ctx[turn][: self._ctx_len[turn]]
+        )
+
+    def context_len(self, turn: int) -> int:
+        """How many segments `context(turn)` holds (without building it)."""
+        return self._ctx_len[turn]
 
     def output(self, turn: int) -> Segment | None:
         r = self._rows[turn]
         return Segment(r[4], r[3]) if r[3] > 0 else None
+
+    def _output(self, turn: int) -> Segment:
+        r = self._rows[turn]
+        return Segment(r[4], r[3])
 
     def last_turn(self, branch: str) -> int:
         return self._last[branch]
@@ -113,7 +125,7 @@ class ProgramBuilder:
             ctx = ctx[:n]
         prow = self._rows[prev]
         if prow[3] > 0:
-            ctx.append(Segment(prow[4], prow[3]))
+            ctx.append(prev)
         ctx.extend(app)
         return self._add(row, ctx, self._ctx_tok[prev] + prow[3] + _tokens(app))
 
@@ -139,7 +151,8 @@ class ProgramBuilder:
         row: Row = (branch, "compact", app, output_tokens, self.ids(), deps, gap_s, None, None,
                     keep, tool)  # fmt: skip
         ctx = self._ctx[prev][:keep]
-        tokens = _tokens(ctx) + _tokens(app)
+        tokens = sum(self._rows[s][3] if isinstance(s, int) else s.tokens for s in ctx)
+        tokens += _tokens(app)
         ctx.extend(app)
         return self._add(row, ctx, tokens)
 
@@ -158,7 +171,7 @@ class ProgramBuilder:
         ctx = self._ctx[parent_turn][: self._ctx_len[parent_turn]]
         prow = self._rows[parent_turn]
         if prow[3] > 0:
-            ctx.append(Segment(prow[4], prow[3]))
+            ctx.append(parent_turn)
         return self._new_branch(
             branch, "fork", parent_turn, ctx, self._ctx_tok[parent_turn] + prow[3], append,
             output_tokens, gap_s, tool,
@@ -205,7 +218,7 @@ class ProgramBuilder:
         branch: str,
         kind: TurnKind,
         parent_turn: int,
-        ctx: list[Segment],
+        ctx: list[Segment | int],
         tokens: int,
         append: Sequence[Segment],
         output_tokens: int,
@@ -246,7 +259,7 @@ class ProgramBuilder:
                 "must precede it"
             )
 
-    def _add(self, row: Row, ctx: list[Segment], tokens: int) -> int:
+    def _add(self, row: Row, ctx: list[Segment | int], tokens: int) -> int:
         i = len(self._rows)
         if not ctx:
             raise ValueError(f"program {self.program_id}: turn {i} has an empty context")

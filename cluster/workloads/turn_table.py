@@ -17,6 +17,8 @@ from collections.abc import Collection, Iterator, Sequence
 from itertools import accumulate, chain
 from typing import Any, overload
 
+import numpy as np
+
 from cluster.workloads.program import TURN_KINDS, Segment, Turn
 
 # Programs with more turns than this are packed (`pack_turns`).
@@ -87,10 +89,13 @@ class TurnTable(Sequence[Turn]):
         (`ProgramBuilder`'s form); `finishing` holds the indices of the branches' last turns.
         The rows are not checked as `Turn` checks its fields: the builder has done that."""
         table = cls.__new__(cls)
-        table._fill(rows, [i in finishing for i in range(len(rows))])
+        finishes = bytearray(len(rows))
+        for i in finishing:
+            finishes[i] = 1
+        table._fill(rows, finishes)
         return table
 
-    def _fill(self, rows: Sequence[tuple[Any, ...]], finishes: list[bool]) -> None:
+    def _fill(self, rows: Sequence[tuple[Any, ...]], finishes: Sequence[bool | int]) -> None:
         n = len(rows)
         if n:
             branch, kind, append, out_tok, out_seg, deps, gap, pbranch, pturn, keep, tool = zip(
@@ -99,16 +104,13 @@ class TurnTable(Sequence[Turn]):
         else:
             branch = kind = append = out_tok = out_seg = deps = gap = pbranch = pturn = keep = ()
             tool = ()
-        # Branch ids and tool names, index 0 is None (in order of first use, column by column).
-        index: dict[str | None, int] = dict.fromkeys((None, *branch, *pbranch, *tool), 0)
-        names = tuple(index)
-        for i, s in enumerate(names):
-            index[s] = i
-        look = index.__getitem__
-        self._kind = array("b", map(_KIND_INDEX.__getitem__, kind))
-        self._branch = array("i", map(look, branch))
-        self._parent_branch = array("i", map(look, pbranch))
-        self._tool = array("i", map(look, tool))
+        # Branch ids and tool names (sorted), index 0 is None.
+        names: tuple[str | None, ...] = (None, *sorted({*branch, *pbranch, *tool} - {None}))
+        index = {s: i for i, s in enumerate(names)}
+        self._kind = array("b", [_KIND_INDEX[k] for k in kind])
+        self._branch = array("i", [index[s] for s in branch])
+        self._parent_branch = array("i", [index[s] for s in pbranch])
+        self._tool = array("i", [index[s] for s in tool])
         self._names = names
         self._out_tok = array("i", out_tok)
         self._out_seg = array("q", out_seg)
@@ -121,12 +123,14 @@ class TurnTable(Sequence[Turn]):
         self._app_ptr = array("i", accumulate(map(len, append), initial=0))
         self._app_id = array("q", [s.seg_id for a in append for s in a])
         self._app_tok = array("i", [s.tokens for a in append for s in a])
-        succ: list[list[int]] = [[] for _ in range(n)]
-        for i, ds in enumerate(deps):
-            for d in ds:
-                succ[d].append(i)
-        self._succ_ptr = array("i", accumulate(map(len, succ), initial=0))
-        self._succ = array("i", chain.from_iterable(succ))
+        # Successors: the dep entries' owning turns, stably sorted by dep (a counting sort).
+        dep = np.frombuffer(self._deps, np.intc)
+        if dep.size and (dep.min() < 0 or dep.max() >= n):
+            i = int(self._owners()[(dep < 0) | (dep >= n)][0])
+            raise ValueError(f"turn {i}: deps {tuple(self.deps(i))} outside the program's turns")
+        self._succ = _ints(self._owners()[np.argsort(dep, kind="stable")])
+        self._succ_ptr = array("i", [0])
+        self._succ_ptr.extend(_ints(np.cumsum(np.bincount(dep, minlength=n))))
 
     # -- Sequence[Turn] ------------------------------------------------------------------------
 
@@ -184,17 +188,28 @@ class TurnTable(Sequence[Turn]):
         return {self._parent_turn[i] for i, k in enumerate(self._kind) if k == fork}
 
     def check(self, program_id: str) -> None:
-        """Raise unless every dep and fork parent precedes its turn (what `Program` checks)."""
-        for i in range(len(self._kind)):
-            deps = self.deps(i)
-            if any(d >= i or d < 0 for d in deps):
-                raise ValueError(
-                    f"program {program_id} turn {i}: deps {tuple(deps)} must precede it"
-                )
-            if self._parent_turn[i] >= i:
-                raise ValueError(f"program {program_id} turn {i}: parent_turn must precede it")
+        """Raise unless every dep and fork parent precedes its turn (what `Program` checks);
+        the first offending turn is named, its deps checked before its fork parent."""
+        turn = np.arange(len(self._kind), dtype=np.intc)
+        owner = self._owners()
+        dep = np.frombuffer(self._deps, np.intc)
+        bad_dep = owner[(dep >= owner) | (dep < 0)]
+        bad_parent = turn[np.frombuffer(self._parent_turn, np.intc) >= turn]
+        if not bad_dep.size and not bad_parent.size:
+            return
+        if bad_dep.size and (not bad_parent.size or bad_dep[0] <= bad_parent[0]):
+            i = int(bad_dep[0])
+            raise ValueError(
+                f"program {program_id} turn {i}: deps {tuple(self.deps(i))} must precede it"
+            )
+        raise ValueError(f"program {program_id} turn {bad_parent[0]}: parent_turn must precede it")
 
     # -- internals -----------------------------------------------------------------------------
+
+    def _owners(self) -> np.ndarray:
+        """The turn each entry of the flat deps column belongs to."""
+        ptr: np.ndarray = np.frombuffer(self._dep_ptr, np.intc)
+        return np.repeat(np.arange(len(ptr) - 1, dtype=np.intc), ptr[1:] - ptr[:-1])
 
     def _turn(self, i: int) -> Turn:
         names = self._names
@@ -215,6 +230,13 @@ class TurnTable(Sequence[Turn]):
             names[self._tool[i]],
             bool(self._finishes[i]),
         )
+
+
+def _ints(values: np.ndarray) -> array[int]:
+    """A numpy integer vector as an `array("i")` column."""
+    out = array("i")
+    out.frombytes(values.astype(np.intc).tobytes())
+    return out
 
 
 def root_turns(turns: Sequence[Turn]) -> list[int]:
