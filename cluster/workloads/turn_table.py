@@ -175,6 +175,10 @@ class TurnTable(Sequence[Turn]):
     def successors(self) -> Successors:
         return Successors(self._succ_ptr, self._succ)
 
+    def gaps(self) -> Sequence[float]:
+        """Every turn's `gap_s`, in turn order: the column itself (read it, do not modify it)."""
+        return self._gap
+
     def deps(self, i: int) -> Sequence[int]:
         return self._deps[self._dep_ptr[i] : self._dep_ptr[i + 1]]
 
