@@ -114,9 +114,13 @@ class ProgramBuilder:
         extra_deps: Iterable[int] = (),
     ) -> int:
         """An "append" turn of an existing branch; `extra_deps` e.g. the sub-agents it joins."""
-        prev = self._require_open(branch)
-        deps = self._deps(prev, extra_deps)
-        _check(output_tokens, gap_s)
+        # The most frequent call of every generator: the checks inline, helpers only to raise.
+        prev = self._last.get(branch)
+        if prev is None or branch in self._finished:
+            prev = self._require_open(branch)
+        deps = self._deps(prev, extra_deps) if extra_deps else (prev,)
+        if output_tokens < 0 or gap_s < 0:
+            _check(output_tokens, gap_s)
         app = tuple(append)
         row: Row = (branch, "append", app, output_tokens, self.ids(), deps, gap_s, None, None, 0,
                     tool)  # fmt: skip
@@ -124,10 +128,13 @@ class ProgramBuilder:
         if len(ctx) != n:  # not the branch's own list (cannot happen; kept safe)
             ctx = ctx[:n]
         prow = self._rows[prev]
+        tokens = self._ctx_tok[prev] + prow[3]
         if prow[3] > 0:
             ctx.append(prev)
+        for s in app:
+            tokens += s.tokens
         ctx.extend(app)
-        return self._add(row, ctx, self._ctx_tok[prev] + prow[3] + _tokens(app))
+        return self._add(row, ctx, tokens)
 
     def compact(
         self,

@@ -128,3 +128,30 @@ def _random_program(seed: int) -> None:
 def test_builder_contexts_match_the_reference_rules() -> None:
     for seed in range(150):
         _random_program(seed)
+
+
+def test_builder_rejects_bad_turns_with_the_errors_turns_and_programs_give() -> None:
+    b = ProgramBuilder("p", "toy", SegmentIds())
+    b.start("root", [Segment(3, 50)], 4)
+    cases = [
+        (lambda: b.step("x", [], 1, gap_s=0.0, tool=None), "branch 'x' has no turns yet"),
+        (lambda: b.step("root", [], -1, gap_s=0.0, tool=None), "output_tokens must be >= 0"),
+        (lambda: b.step("root", [], 1, gap_s=-1.0, tool=None), "gap_s must be >= 0"),
+        (
+            lambda: b.step("root", [], 1, gap_s=0.0, tool=None, extra_deps=[5]),
+            r"program p turn 1: deps \(0, 5\) must precede it",
+        ),
+        (lambda: b.fork("f", 3, [], 1, gap_s=0.0), r"turn 1: deps \(3,\) must precede it"),
+        (lambda: b.subagent("s", -1, [], 1, gap_s=0.0), r"deps \(-1,\) must precede it"),
+        (lambda: b.subagent("s", 0, [], 1, gap_s=0.0), "turn 1 has an empty context"),
+        (lambda: b.compact("root", 2, [], 1, gap_s=0.0, tool=None), r"keep=2 outside .*\(0..1\)"),
+        (lambda: b.start("root", [Segment(4, 1)], 1), "start must be the program's first turn"),
+    ]
+    for call, message in cases:
+        with pytest.raises(ValueError, match=message):
+            call()
+    assert b.num_turns == 1 and b.next_tokens("root") == 54  # nothing half-added
+    b.finish("root")
+    with pytest.raises(ValueError, match="branch 'root' already finished"):
+        b.step("root", [], 1, gap_s=0.0, tool=None)
+    assert b.build().turns == (b.turns[0],) and b.turns[0].finishes_branch
