@@ -117,7 +117,7 @@ class TurnTable(Sequence[Turn]):
         self._gap = array("d", gap)
         self._parent_turn = array("i", [-1 if t is None else t for t in pturn])
         self._keep = array("i", keep)
-        self._finishes = array("b", finishes)
+        self._finishes = array("b", list(finishes))  # a list: no spare capacity
         self._dep_ptr = array("i", accumulate(map(len, deps), initial=0))
         self._deps = array("i", chain.from_iterable(deps))
         self._app_ptr = array("i", accumulate(map(len, append), initial=0))
@@ -129,8 +129,7 @@ class TurnTable(Sequence[Turn]):
             i = int(self._owners()[(dep < 0) | (dep >= n)][0])
             raise ValueError(f"turn {i}: deps {tuple(self.deps(i))} outside the program's turns")
         self._succ = _ints(self._owners()[np.argsort(dep, kind="stable")])
-        self._succ_ptr = array("i", [0])
-        self._succ_ptr.extend(_ints(np.cumsum(np.bincount(dep, minlength=n))))
+        self._succ_ptr = _ints(np.concatenate(([0], np.cumsum(np.bincount(dep, minlength=n)))))
 
     # -- Sequence[Turn] ------------------------------------------------------------------------
 
@@ -237,10 +236,8 @@ class TurnTable(Sequence[Turn]):
 
 
 def _ints(values: np.ndarray) -> array[int]:
-    """A numpy integer vector as an `array("i")` column."""
-    out = array("i")
-    out.frombytes(values.astype(np.intc).tobytes())
-    return out
+    """A numpy integer vector as an `array("i")` column (from a list: no spare capacity)."""
+    return array("i", values.tolist())
 
 
 def root_turns(turns: Sequence[Turn]) -> list[int]:
