@@ -34,7 +34,7 @@ import numpy as np
 
 from cluster.core import ConfigError
 from cluster.workloads.builder import ProgramBuilder
-from cluster.workloads.program import Program, Segment
+from cluster.workloads.program import Program, Segment, SegmentIds
 from cluster.workloads.source import (
     CC_SUBAGENT_SYSTEM,
     CC_SYSTEM,
@@ -43,7 +43,7 @@ from cluster.workloads.source import (
     check_fraction,
     check_positive,
 )
-from cluster.workloads.tools import TokenDist, ToolMix, ToolProfile, program_scale
+from cluster.workloads.tools import Categorical, TokenDist, ToolMix, ToolProfile, program_scale
 
 
 def _root_tools() -> ToolMix:
@@ -154,19 +154,29 @@ class CCSource(GeneratorSource):
     stream = 2
     params: CCParams
 
+    def __init__(
+        self,
+        params: CCParams,
+        *,
+        seed: int = 0,
+        ids: SegmentIds | None = None,
+        duration_s: float | None = None,
+    ) -> None:
+        super().__init__(params, seed=seed, ids=ids, duration_s=duration_s)
+        self._burst_size = Categorical(params.burst_weights)
+
     def generate(self, rng: np.random.Generator, program_id: str) -> Program:
         p = self.params
         scale = program_scale(rng, p.program_sigma)
         b = ProgramBuilder(program_id, self.name, self.ids)
         shared = (Segment(CC_SYSTEM, p.system_tokens), Segment(CC_TOOLS, p.tool_schema_tokens))
         t = b.start("root", (*shared, b.seg(p.task.draw(rng))), p.output.draw(rng, scale))
-        weights = np.asarray(p.burst_weights, dtype=float) / sum(p.burst_weights)
         num_bursts = num_forks = 0
         num_steps = p.root_turns.draw(rng)
         for k in range(1, num_steps):
             last = k == num_steps - 1
             if not last and rng.random() < p.burst_prob:
-                size = int(p.burst_sizes[rng.choice(len(weights), p=weights)])
+                size = int(p.burst_sizes[self._burst_size.draw(rng)])
                 t = self._burst(b, rng, scale, t, f"sub{num_bursts}", size)
                 num_bursts += 1
             else:

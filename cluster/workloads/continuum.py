@@ -110,7 +110,7 @@ def _program(
             else:
                 pending.append(b.seg(tokens))
             continue
-        if not b.turns:
+        if not b.num_turns:
             if not pending:
                 raise ConfigError(f"{where}: an assistant message comes before any prompt")
             b.start("root", pending, tokens)
@@ -123,7 +123,7 @@ def _program(
         )  # fmt: skip
         tool = str(calls[0].get("function", {}).get("name", "tool")) if calls else "user"
         pending = []
-    if not b.turns:
+    if not b.num_turns:
         raise ConfigError(f"{where}: no assistant turns")
     b.finish("root")
     return b.build()

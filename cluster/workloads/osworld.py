@@ -31,7 +31,7 @@ import numpy as np
 
 from cluster.core import ConfigError
 from cluster.workloads.builder import ProgramBuilder
-from cluster.workloads.program import Program, Segment
+from cluster.workloads.program import Program, Segment, SegmentIds
 from cluster.workloads.source import (
     OSWORLD_SYSTEM,
     OSWORLD_WORKER_SYSTEM,
@@ -39,7 +39,7 @@ from cluster.workloads.source import (
     check_fraction,
     check_positive,
 )
-from cluster.workloads.tools import TokenDist, ToolMix, ToolProfile, program_scale
+from cluster.workloads.tools import Categorical, TokenDist, ToolMix, ToolProfile, program_scale
 
 
 def _default_tools() -> ToolMix:
@@ -100,28 +100,54 @@ class OSWorldParams:
                 raise ConfigError(f"parameter {name!r} must be >= 0, got {getattr(self, name)}")
 
 
+class _Shots:
+    """A program's screenshots: their segment ids, and for each branch the positions of the
+    screenshots in its latest turn's context (kept as turns are added, not rescanned)."""
+
+    __slots__ = ("held", "ids")
+
+    def __init__(self) -> None:
+        self.ids: set[int] = set()
+        self.held: dict[str, list[int]] = {}
+
+    def rescan(self, b: ProgramBuilder, branch: str) -> None:
+        ctx = b.context(b.last_turn(branch))
+        self.held[branch] = [i for i, s in enumerate(ctx) if s.seg_id in self.ids]
+
+
 class OSWorldSource(GeneratorSource):
     name = "osworld"
     stream = 3
     params: OSWorldParams
 
+    def __init__(
+        self,
+        params: OSWorldParams,
+        *,
+        seed: int = 0,
+        ids: SegmentIds | None = None,
+        duration_s: float | None = None,
+    ) -> None:
+        super().__init__(params, seed=seed, ids=ids, duration_s=duration_s)
+        self._worker_size = Categorical(params.worker_weights)
+
     def generate(self, rng: np.random.Generator, program_id: str) -> Program:
         p = self.params
         scale = program_scale(rng, p.program_sigma)
         b = ProgramBuilder(program_id, self.name, self.ids)
-        images: set[int] = set()
+        images = _Shots()
         system = Segment(OSWORLD_SYSTEM, p.system_tokens)
         b.start(
             "root",
             (system, b.seg(p.task.draw(rng)), self._shot(b, rng, images)),
             p.output.draw(rng, scale),
         )
-        weights = np.asarray(p.worker_weights, dtype=float) / sum(p.worker_weights)
+        images.rescan(b, "root")
         num_steps = p.steps.draw(rng)
         delegations = 0
         for k in range(1, num_steps):
             if k < num_steps - 1 and rng.random() < p.delegate_prob:
-                size = int(p.worker_sizes[rng.choice(len(weights), p=weights)])
+                size = int(p.worker_sizes[self._worker_size.draw(rng)])
                 spawn = b.last_turn("root")
                 lasts = [
                     self._worker(b, rng, scale, images, spawn, f"worker{delegations}.{j}")
@@ -146,9 +172,9 @@ class OSWorldSource(GeneratorSource):
         b.finish("root")
         return b.build()
 
-    def _shot(self, b: ProgramBuilder, rng: np.random.Generator, images: set[int]) -> Segment:
+    def _shot(self, b: ProgramBuilder, rng: np.random.Generator, images: _Shots) -> Segment:
         shot = b.seg(self.params.screenshot.draw(rng))
-        images.add(shot.seg_id)
+        images.ids.add(shot.seg_id)
         return shot
 
     def _worker(
@@ -156,7 +182,7 @@ class OSWorldSource(GeneratorSource):
         b: ProgramBuilder,
         rng: np.random.Generator,
         scale: float,
-        images: set[int],
+        images: _Shots,
         spawn: int,
         branch: str,
     ) -> int:
@@ -164,6 +190,7 @@ class OSWorldSource(GeneratorSource):
         system = Segment(OSWORLD_WORKER_SYSTEM, p.worker_system_tokens)
         append = (system, b.seg(p.worker_task.draw(rng)), self._shot(b, rng, images))
         last = b.subagent(branch, spawn, append, p.output.draw(rng, scale), gap_s=p.spawn_gap_s)
+        images.rescan(b, branch)
         for _ in range(1, p.worker_steps.draw(rng)):
             tool, gap_s, text = p.tools.draw(rng, scale)
             last = self._gui_step(b, rng, scale, images, branch, tool, gap_s, (b.seg(text),))
@@ -175,7 +202,7 @@ class OSWorldSource(GeneratorSource):
         b: ProgramBuilder,
         rng: np.random.Generator,
         scale: float,
-        images: set[int],
+        images: _Shots,
         branch: str,
         tool: str,
         gap_s: float,
@@ -186,18 +213,22 @@ class OSWorldSource(GeneratorSource):
         p = self.params
         new = (*text, self._shot(b, rng, images))
         output = p.output.draw(rng, scale)
-        prev = b.last_turn(branch)
-        ctx = b.context(prev)
-        held = [i for i, s in enumerate(ctx) if s.seg_id in images]
+        held = images.held[branch]  # screenshot positions in the branch's latest context
         excess = len(held) + 1 - p.keep_images
         remove = excess - excess % p.image_removal_chunk if excess >= p.image_removal_chunk else 0
         if remove <= 0:
-            return b.step(branch, new, output, gap_s=gap_s, tool=tool, extra_deps=extra_deps)
+            t = b.step(branch, new, output, gap_s=gap_s, tool=tool, extra_deps=extra_deps)
+            held.append(b.context_len(t) - 1)  # the new screenshot (text and outputs are not)
+            return t
+        prev = b.last_turn(branch)
+        ctx = b.context(prev)
         dropped = set(held[:remove])
         first = held[0]
         out = b.output(prev)
         tail = [s for i, s in enumerate(ctx) if i >= first and i not in dropped]
         tail += [out] if out is not None else []
-        return b.compact(
+        t = b.compact(
             branch, first, (*tail, *new), output, gap_s=gap_s, tool=tool, extra_deps=extra_deps
         )
+        images.rescan(b, branch)
+        return t

@@ -25,6 +25,7 @@ one allocator.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from cluster.core import ConfigError
@@ -32,6 +33,7 @@ from cluster.workloads.osworld import OSWorldParams, OSWorldSource
 from cluster.workloads.program import Program
 from cluster.workloads.putnam import PutnamParams, PutnamSource
 from cluster.workloads.source import GeneratorSource, check_fraction
+from cluster.workloads.turn_table import TurnTable
 
 PERIODS = ("putnam", "mixed", "osworld")
 
@@ -115,8 +117,16 @@ class ShiftSource(GeneratorSource):
 
 def lifetime_s(program: Program, request_time_s: float) -> float:
     """Critical-path estimate of a program's lifetime: each turn adds its gap and one request."""
+    turns = program.turns
+    steps: Iterable[tuple[Sequence[int], float]]
+    if isinstance(turns, TurnTable):  # read the columns, not one Turn object per turn
+        deps, gaps = turns.deps, turns.gaps()
+        steps = ((deps(i), gaps[i]) for i in range(len(gaps)))
+    else:
+        steps = ((t.deps, t.gap_s) for t in turns)
     done: list[float] = []
-    for t in program.turns:
-        ready = max((done[d] for d in t.deps), default=0.0)
-        done.append(ready + t.gap_s + request_time_s)
+    for ds, gap_s in steps:
+        # one dep (most turns): its completion, what max() would return, without the generator
+        ready = done[ds[0]] if len(ds) == 1 else max((done[d] for d in ds), default=0.0)
+        done.append(ready + gap_s + request_time_s)
     return max(done)

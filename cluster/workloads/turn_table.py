@@ -13,8 +13,11 @@ Short programs (a trace's single calls) stay plain tuples: packing pays only for
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator, Sequence
-from typing import overload
+from collections.abc import Collection, Iterator, Sequence
+from itertools import accumulate, chain
+from typing import Any, overload
+
+import numpy as np
 
 from cluster.workloads.program import TURN_KINDS, Segment, Turn
 
@@ -71,37 +74,62 @@ class TurnTable(Sequence[Turn]):
     )
 
     def __init__(self, turns: Sequence[Turn]) -> None:
-        names: list[str | None] = [None]  # branch ids and tool names; index 0 is None
-        index: dict[str | None, int] = {None: 0}
+        self._fill(
+            [
+                (t.branch_id, t.kind, t.append, t.output_tokens, t.output_seg, t.deps, t.gap_s,
+                 t.parent_branch, t.parent_turn, t.compact_keep, t.tool)
+                for t in turns
+            ],
+            [t.finishes_branch for t in turns],
+        )  # fmt: skip
 
-        def name(s: str | None) -> int:
-            i = index.get(s)
-            if i is None:
-                i = index[s] = len(names)
-                names.append(s)
-            return i
+    @classmethod
+    def from_rows(cls, rows: Sequence[tuple[Any, ...]], finishing: Collection[int]) -> TurnTable:
+        """A table from rows of `Turn`'s fields in field order without `finishes_branch`
+        (`ProgramBuilder`'s form); `finishing` holds the indices of the branches' last turns.
+        The rows are not checked as `Turn` checks its fields: the builder has done that."""
+        table = cls.__new__(cls)
+        finishes = bytearray(len(rows))
+        for i in finishing:
+            finishes[i] = 1
+        table._fill(rows, finishes)
+        return table
 
-        self._kind = array("b", [_KIND_INDEX[t.kind] for t in turns])
-        self._branch = array("i", [name(t.branch_id) for t in turns])
-        self._parent_branch = array("i", [name(t.parent_branch) for t in turns])
-        self._tool = array("i", [name(t.tool) for t in turns])
-        self._names = tuple(names)
-        self._out_tok = array("i", [t.output_tokens for t in turns])
-        self._out_seg = array("q", [t.output_seg for t in turns])
-        self._gap = array("d", [t.gap_s for t in turns])
-        self._parent_turn = array(
-            "i", [-1 if t.parent_turn is None else t.parent_turn for t in turns]
-        )
-        self._keep = array("i", [t.compact_keep for t in turns])
-        self._finishes = array("b", [t.finishes_branch for t in turns])
-        self._dep_ptr, self._deps = _csr([t.deps for t in turns])
-        self._app_ptr, self._app_id = _csr([[s.seg_id for s in t.append] for t in turns], "q")
-        self._app_tok = array("i", [s.tokens for t in turns for s in t.append])
-        succ: list[list[int]] = [[] for _ in turns]
-        for i, t in enumerate(turns):
-            for d in t.deps:
-                succ[d].append(i)
-        self._succ_ptr, self._succ = _csr(succ)
+    def _fill(self, rows: Sequence[tuple[Any, ...]], finishes: Sequence[bool | int]) -> None:
+        n = len(rows)
+        if n:
+            branch, kind, append, out_tok, out_seg, deps, gap, pbranch, pturn, keep, tool = zip(
+                *rows, strict=True
+            )
+        else:
+            branch = kind = append = out_tok = out_seg = deps = gap = pbranch = pturn = keep = ()
+            tool = ()
+        # Branch ids and tool names (sorted), index 0 is None.
+        names: tuple[str | None, ...] = (None, *sorted({*branch, *pbranch, *tool} - {None}))
+        index = {s: i for i, s in enumerate(names)}
+        self._kind = array("b", [_KIND_INDEX[k] for k in kind])
+        self._branch = array("i", [index[s] for s in branch])
+        self._parent_branch = array("i", [index[s] for s in pbranch])
+        self._tool = array("i", [index[s] for s in tool])
+        self._names = names
+        self._out_tok = array("i", out_tok)
+        self._out_seg = array("q", out_seg)
+        self._gap = array("d", gap)
+        self._parent_turn = array("i", [-1 if t is None else t for t in pturn])
+        self._keep = array("i", keep)
+        self._finishes = array("b", list(finishes))  # a list: no spare capacity
+        self._dep_ptr = array("i", accumulate(map(len, deps), initial=0))
+        self._deps = array("i", chain.from_iterable(deps))
+        self._app_ptr = array("i", accumulate(map(len, append), initial=0))
+        self._app_id = array("q", [s.seg_id for a in append for s in a])
+        self._app_tok = array("i", [s.tokens for a in append for s in a])
+        # Successors: the dep entries' owning turns, stably sorted by dep (a counting sort).
+        dep = np.frombuffer(self._deps, np.intc)
+        if dep.size and (dep.min() < 0 or dep.max() >= n):
+            i = int(self._owners()[(dep < 0) | (dep >= n)][0])
+            raise ValueError(f"turn {i}: deps {tuple(self.deps(i))} outside the program's turns")
+        self._succ = _ints(self._owners()[np.argsort(dep, kind="stable")])
+        self._succ_ptr = _ints(np.concatenate(([0], np.cumsum(np.bincount(dep, minlength=n)))))
 
     # -- Sequence[Turn] ------------------------------------------------------------------------
 
@@ -146,6 +174,10 @@ class TurnTable(Sequence[Turn]):
     def successors(self) -> Successors:
         return Successors(self._succ_ptr, self._succ)
 
+    def gaps(self) -> Sequence[float]:
+        """Every turn's `gap_s`, in turn order: the column itself (read it, do not modify it)."""
+        return self._gap
+
     def deps(self, i: int) -> Sequence[int]:
         return self._deps[self._dep_ptr[i] : self._dep_ptr[i + 1]]
 
@@ -159,17 +191,28 @@ class TurnTable(Sequence[Turn]):
         return {self._parent_turn[i] for i, k in enumerate(self._kind) if k == fork}
 
     def check(self, program_id: str) -> None:
-        """Raise unless every dep and fork parent precedes its turn (what `Program` checks)."""
-        for i in range(len(self._kind)):
-            deps = self.deps(i)
-            if any(d >= i or d < 0 for d in deps):
-                raise ValueError(
-                    f"program {program_id} turn {i}: deps {tuple(deps)} must precede it"
-                )
-            if self._parent_turn[i] >= i:
-                raise ValueError(f"program {program_id} turn {i}: parent_turn must precede it")
+        """Raise unless every dep and fork parent precedes its turn (what `Program` checks);
+        the first offending turn is named, its deps checked before its fork parent."""
+        turn = np.arange(len(self._kind), dtype=np.intc)
+        owner = self._owners()
+        dep = np.frombuffer(self._deps, np.intc)
+        bad_dep = owner[(dep >= owner) | (dep < 0)]
+        bad_parent = turn[np.frombuffer(self._parent_turn, np.intc) >= turn]
+        if not bad_dep.size and not bad_parent.size:
+            return
+        if bad_dep.size and (not bad_parent.size or bad_dep[0] <= bad_parent[0]):
+            i = int(bad_dep[0])
+            raise ValueError(
+                f"program {program_id} turn {i}: deps {tuple(self.deps(i))} must precede it"
+            )
+        raise ValueError(f"program {program_id} turn {bad_parent[0]}: parent_turn must precede it")
 
     # -- internals -----------------------------------------------------------------------------
+
+    def _owners(self) -> np.ndarray:
+        """The turn each entry of the flat deps column belongs to."""
+        ptr: np.ndarray = np.frombuffer(self._dep_ptr, np.intc)
+        return np.repeat(np.arange(len(ptr) - 1, dtype=np.intc), ptr[1:] - ptr[:-1])
 
     def _turn(self, i: int) -> Turn:
         names = self._names
@@ -192,13 +235,9 @@ class TurnTable(Sequence[Turn]):
         )
 
 
-def _csr(rows: Sequence[Sequence[int]], code: str = "i") -> tuple[array[int], array[int]]:
-    ptr = array("i", [0])
-    flat = array(code)
-    for r in rows:
-        flat.extend(r)
-        ptr.append(len(flat))
-    return ptr, flat
+def _ints(values: np.ndarray) -> array[int]:
+    """A numpy integer vector as an `array("i")` column (from a list: no spare capacity)."""
+    return array("i", values.tolist())
 
 
 def root_turns(turns: Sequence[Turn]) -> list[int]:
