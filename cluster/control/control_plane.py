@@ -86,6 +86,8 @@ class ControlPlane:
         self.backend = backend
         self.lock = ContendedRLock()
         self.directory = KVDirectory(cfg.block_tokens)
+        # with prefill_forms the router prices prefill with each node's fitted form
+        forms = dict.fromkeys(phases, form_prefill_time) if cfg.prefill_forms else {}
         self.state = ClusterState(
             phases=dict(phases),
             models=dict(models),
@@ -94,9 +96,8 @@ class ControlPlane:
             copy_price_s_per_token=cfg.copy_price_s_per_token,
             kv_fetch=cfg.kv_fetch,
             max_report_age_s=cfg.max_report_age_s,
+            prefill_predictors=forms,
         )
-        if cfg.prefill_forms:  # the router prices prefill with each node's fitted form
-            self.state.prefill_predictors.update(dict.fromkeys(phases, form_prefill_time))
         self.view = ClusterView(self.state)
         self.branches = BranchTable(self.directory, lambda n: self.state.phases[n], self.sink)
         self.router: Router = router or ROUTERS.create(cfg.router)
@@ -118,7 +119,7 @@ class ControlPlane:
         missing = set(self.state.phases) - set(models)
         if missing:
             raise ConfigError(f"no model for nodes {sorted(missing)}")
-        self.state.models.update(models)
+        self.state.set_models(models)
 
     def set_prefill_predictor(self, node: int, predictor: PrefillPredictor | None) -> None:
         """Price `node`'s prefill with `predictor` (e.g. form_prefill_time); None: Eq. 3."""
@@ -245,10 +246,7 @@ class ControlPlane:
         counts stay: the next placement moves them (Alg. E.2). Safe to call twice."""
         self.router.on_prefill_done(request_id, prefill_node)  # a router forgets its
         self.router.on_done(request_id, prefill_node)  # prefill and service entries
-
-        sent = self.state.sent.get(prefill_node)
-        if sent is not None:
-            sent.pop(request_id, None)
+        self.state.release_sent(prefill_node, request_id)
         if decode_node is not None:
             self._unbind(decode_node)
 
