@@ -40,8 +40,9 @@ def eq3_pricer(model: NodeModel) -> Pricer:
     t_bar = model.mean_new_tokens
 
     def eq3(t_uc: float, t_c: float) -> float:
-        t_uc = max(t_uc, 0.0)
-        t_c = max(t_c, 0.0)
+        # max(t, 0.0) without the call: 0.0 only where 0.0 > t (so a NaN stays, as in max)
+        t_uc = 0.0 if t_uc < 0.0 else t_uc
+        t_c = 0.0 if t_c < 0.0 else t_c
         a = t_uc * t_c + t_uc * (t_uc + 1.0) / 2.0
         return c0 * t_uc / t_bar + c1 * t_uc + c2 * a + c3f * t_c
 
@@ -251,12 +252,13 @@ class ClusterView:
 
     def queued_time(self, node: int, report: NodeReport) -> float:
         """Sum of Eq. 3 over a report's queue (memoized per report)."""
-        memo = self._s.queue_memo
-        got = memo.get(node)
+        s = self._s
+        got = s.queue_memo.get(node)
         if got is not None and got[0] is report:
             return got[1]
-        total = sum(self.prefill_time(node, q.t_uc, q.t_c) for q in report.queued)
-        memo[node] = (report, total)
+        price = s.pricer(node)
+        total = sum(price(q.t_uc, q.t_c) for q in report.queued)
+        s.queue_memo[node] = (report, total)
         return total
 
     def prefill_wait(self, node: int, now: float) -> float:
@@ -268,9 +270,11 @@ class ClusterView:
         r = s.fresh_report(node, now)
         if r is not None:
             wait = max(0.0, r.remaining_s - (now - r.t)) + self.queued_time(node, r)
-        # A left fold, as `wait += price` per request would add (not sum(): Python 3.12's
-        # sum of floats compensates, a different float).
-        return reduce(add, s.sent_prices(node), wait)
+        if s.sent.get(node):
+            # A left fold, as `wait += price` per request adds (not sum(): from Python 3.12
+            # a sum of floats is compensated, another float).
+            wait = reduce(add, s.sent_prices(node), wait)
+        return wait
 
     def decode_load(self, node: int) -> int:
         return self._s.decode_load.get(node, 0)
@@ -284,7 +288,11 @@ class ClusterView:
     def prefill_time(self, node: int, t_uc: float, t_c: float) -> float:
         """Eq. 3 for a request with t_uc uncached and t_c cached tokens on `node`, or the
         node's prefill predictor where it has one."""
-        return self._s.pricer(node)(t_uc, t_c)
+        s = self._s
+        price = s.pricers.get(node)
+        if price is None:
+            price = s.pricer(node)
+        return price(t_uc, t_c)
 
     def pricer(self, node: int) -> Pricer:
         """`prefill_time` of `node` as a function of (t_uc, t_c), for pricing many requests."""
