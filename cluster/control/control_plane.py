@@ -86,8 +86,6 @@ class ControlPlane:
         self.backend = backend
         self.lock = ContendedRLock()
         self.directory = KVDirectory(cfg.block_tokens)
-        # with prefill_forms the router prices prefill with each node's fitted form
-        forms = dict.fromkeys(phases, form_prefill_time) if cfg.prefill_forms else {}
         self.state = ClusterState(
             phases=dict(phases),
             models=dict(models),
@@ -96,8 +94,9 @@ class ControlPlane:
             copy_price_s_per_token=cfg.copy_price_s_per_token,
             kv_fetch=cfg.kv_fetch,
             max_report_age_s=cfg.max_report_age_s,
-            prefill_predictors=forms,
         )
+        if cfg.prefill_forms:  # the router prices prefill with each node's fitted form
+            self.state.prefill_predictors.update(dict.fromkeys(phases, form_prefill_time))
         self.view = ClusterView(self.state)
         self.branches = BranchTable(self.directory, lambda n: self.state.phases[n], self.sink)
         self.router: Router = router or ROUTERS.create(cfg.router)

@@ -7,9 +7,10 @@ they never mutate it.
 
 The router prices every prefill node at every decision, so `ClusterState` keeps two memos:
 each node's prefill pricer (its model's constants or its predictor, bound once) and the
-prices of the requests sent to it since its last report (W_n's last part). Only the
-`ClusterState` methods change `sent`, `models` and `prefill_predictors`, and each drops
-the memos it makes stale, so a memoized W_n is the from-scratch sum, bit for bit.
+prices of the requests sent to it since its last report (W_n's last part). Once the
+router has priced, only `ClusterState` methods change `sent`, `models` and
+`prefill_predictors`, each dropping the memos it makes stale, so a memoized W_n is the
+from-scratch sum, bit for bit.
 """
 
 from __future__ import annotations
