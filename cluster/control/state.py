@@ -156,11 +156,9 @@ class ClusterState:
         self._repriced(node)
 
     def set_models(self, models: Mapping[int, NodeModel]) -> None:
-        """Replace the models of the nodes in `models` (the others keep theirs); their
-        memoized queue estimates were priced with the old models."""
+        """Replace the models of the nodes in `models` (the others keep theirs)."""
         self.models.update(models)
         for n in models:
-            self.queue_memo.pop(n, None)
             self._repriced(n)
 
     def _repriced(self, node: int) -> None:
