@@ -156,7 +156,9 @@ class ClusterState:
         self._repriced(node)
 
     def set_models(self, models: Mapping[int, NodeModel]) -> None:
-        """Replace the models of the nodes in `models` (the others keep theirs)."""
+        """Replace the models of the nodes in `models` (the others keep theirs). A node's
+        memoized queue estimate keeps its old prices until the node's next report (as it
+        always has: dropping it changes the simulator's answers)."""
         self.models.update(models)
         for n in models:
             self._repriced(n)

@@ -51,11 +51,19 @@ def reference_price(s: ClusterState, node: int, t_uc: float, t_c: float) -> floa
     )
 
 
-def reference_wait(s: ClusterState, node: int, now: float) -> float:
+def reference_queue(s: ClusterState, node: int) -> float:
+    r = s.reports[node]
+    return sum(reference_price(s, node, q.t_uc, q.t_c) for q in r.queued)
+
+
+def reference_wait(s: ClusterState, node: int, now: float, queued: float | None = None) -> float:
+    """W_n from scratch; `queued`: the report's queue as priced when it arrived (a model
+    change reprices it at the next report, a predictor change at once)."""
     wait = 0.0
     r = s.reports.get(node)
     if r is not None and now - r.t <= s.max_report_age_s:
-        queued = sum(reference_price(s, node, q.t_uc, q.t_c) for q in r.queued)
+        if queued is None:
+            queued = reference_queue(s, node)
         wait = max(0.0, r.remaining_s - (now - r.t)) + queued
     for _, q in s.sent.get(node, {}).values():
         wait += reference_price(s, node, q.t_uc, q.t_c)
@@ -92,6 +100,7 @@ def test_memoized_wait_is_the_from_scratch_sum(ops: list[tuple]) -> None:
     )
     view = ClusterView(s)
     now = 100.0
+    queued: dict[int, float] = {}
     for o in ops:
         kind = o[0]
         if kind == "send":
@@ -101,17 +110,20 @@ def test_memoized_wait_is_the_from_scratch_sum(ops: list[tuple]) -> None:
             _, n, queue, remaining, seen = o
             q = tuple(QueuedWork(f"q{r}", t_uc, t_c) for r, t_uc, t_c in queue)
             s.report(NodeReport(n, now, "prefill", q, remaining, len(q), seen))
+            queued[n] = reference_queue(s, n)
         elif kind == "release":
             s.release_sent(o[1], o[2])
         elif kind == "models":
             s.set_models({n: MODELS[k] for n, k in o[1]})
         elif kind == "predictor":
             s.set_prefill_predictor(o[1], PREDICTORS[o[2]])
+            if o[1] in s.reports:
+                queued[o[1]] = reference_queue(s, o[1])
         else:
             now += o[1]
         for n in NODES:
             got = view.prefill_wait(n, now)
-            want = reference_wait(s, n, now)
+            want = reference_wait(s, n, now, queued.get(n))
             assert got.hex() == float(want).hex(), (n, got, want, kind)
 
 
