@@ -118,7 +118,7 @@ class ControlPlane:
         missing = set(self.state.phases) - set(models)
         if missing:
             raise ConfigError(f"no model for nodes {sorted(missing)}")
-        self.state.models.update(models)
+        self.state.set_models(models)
 
     def set_prefill_predictor(self, node: int, predictor: PrefillPredictor | None) -> None:
         """Price `node`'s prefill with `predictor` (e.g. form_prefill_time); None: Eq. 3."""
@@ -245,10 +245,7 @@ class ControlPlane:
         counts stay: the next placement moves them (Alg. E.2). Safe to call twice."""
         self.router.on_prefill_done(request_id, prefill_node)  # a router forgets its
         self.router.on_done(request_id, prefill_node)  # prefill and service entries
-
-        sent = self.state.sent.get(prefill_node)
-        if sent is not None:
-            sent.pop(request_id, None)
+        self.state.release_sent(prefill_node, request_id)
         if decode_node is not None:
             self._unbind(decode_node)
 

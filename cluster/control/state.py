@@ -4,12 +4,22 @@ Engines report their state at every iteration launch (paper 000 App. E.3); the r
 a report only if it is at most `max_report_age_s` (5 s) old, and adds the requests it sent to
 a node after that node's last report. Policies read a `ClusterView` and return decisions;
 they never mutate it.
+
+The router prices every prefill node at every decision, so `ClusterState` keeps two memos:
+each node's prefill pricer (its model's constants or its predictor, bound once) and the
+prices of the requests sent to it since its last report (W_n's last part). Once the
+router has priced, only `ClusterState` methods change `sent`, `models` and
+`prefill_predictors`, each dropping the memos it makes stale, so a memoized W_n is the
+from-scratch sum, bit for bit.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial, reduce
+from itertools import islice
+from operator import add
 from typing import NamedTuple
 
 from cluster.core import BlockHash, Phase
@@ -19,6 +29,25 @@ from models import FetchModel, NodeModel, RequestWork
 # A node's prefill time for a request, (node model, t_uc, t_c) -> seconds, priced some other
 # way than Eq. 3 (the router's and the queue estimates' default).
 PrefillPredictor = Callable[[NodeModel, float, float], float]
+# One node's prefill time, (t_uc, t_c) -> seconds: its predictor or Eq. 3 bound to its model.
+Pricer = Callable[[float, float], float]
+
+
+def eq3_pricer(model: NodeModel) -> Pricer:
+    """Eq. 3 for `model` with its constants bound (the same floats as computing it from the
+    model each call: c3 * f is the left operand there too)."""
+    p = model.prefill
+    c0, c1, c2, c3f = p.c0, p.c1, p.c2, p.c3 * model.restore_fraction
+    t_bar = model.mean_new_tokens
+
+    def eq3(t_uc: float, t_c: float) -> float:
+        # max(t, 0.0) without the call: 0.0 only where 0.0 > t (so a NaN stays, as in max)
+        t_uc = 0.0 if t_uc < 0.0 else t_uc
+        t_c = 0.0 if t_c < 0.0 else t_c
+        a = t_uc * t_c + t_uc * (t_uc + 1.0) / 2.0
+        return c0 * t_uc / t_bar + c1 * t_uc + c2 * a + c3f * t_c
+
+    return eq3
 
 
 def form_prefill_time(model: NodeModel, t_uc: float, t_c: float) -> float:
@@ -94,6 +123,10 @@ class ClusterState:
     queue_memo: dict[int, tuple[NodeReport, float]] = field(default_factory=dict)
     # node -> its prefill predictor; nodes without one are priced with Eq. 3
     prefill_predictors: dict[int, PrefillPredictor] = field(default_factory=dict)
+    # Memos (see the module docstring): node -> its pricer; node -> the prices of the first
+    # len(list) requests of sent[node], in sent order (extended lazily by `sent_prices`).
+    pricers: dict[int, Pricer] = field(default_factory=dict)
+    sent_price_memo: dict[int, list[float]] = field(default_factory=dict)
 
     def nodes_in(self, phase: Phase) -> list[int]:
         return sorted(n for n, p in self.phases.items() if p == phase and n not in self.unavailable)
@@ -109,6 +142,8 @@ class ClusterState:
                 gone = [rid for rid, (ts, _) in sent.items() if rid in r.seen or ts < r.t - 60.0]
             for rid in gone:
                 del sent[rid]
+            if gone:
+                self.sent_price_memo.pop(r.node_id, None)
 
     def set_prefill_predictor(self, node: int, predictor: PrefillPredictor | None) -> None:
         """Price `node`'s prefill with `predictor` (None: Eq. 3); its memoized queue
@@ -118,9 +153,55 @@ class ClusterState:
         else:
             self.prefill_predictors[node] = predictor
         self.queue_memo.pop(node, None)
+        self._repriced(node)
+
+    def set_models(self, models: Mapping[int, NodeModel]) -> None:
+        """Replace the models of the nodes in `models` (the others keep theirs). A node's
+        memoized queue estimate keeps its old prices until the node's next report (as it
+        always has: dropping it changes the simulator's answers)."""
+        self.models.update(models)
+        for n in models:
+            self._repriced(n)
+
+    def _repriced(self, node: int) -> None:
+        self.pricers.pop(node, None)
+        self.sent_price_memo.pop(node, None)
 
     def record_sent(self, node: int, work: QueuedWork, t: float) -> None:
-        self.sent.setdefault(node, {})[work.request_id] = (t, work)
+        sent = self.sent.setdefault(node, {})
+        if work.request_id in sent:  # sent again: its entry changes where it stands
+            self.sent_price_memo.pop(node, None)
+        sent[work.request_id] = (t, work)
+
+    def release_sent(self, node: int, request_id: str) -> None:
+        """The request no longer counts as sent to `node` (it will not run there)."""
+        sent = self.sent.get(node)
+        if sent is not None and sent.pop(request_id, None) is not None:
+            self.sent_price_memo.pop(node, None)
+
+    def pricer(self, node: int) -> Pricer:
+        """`node`'s prefill time (t_uc, t_c) -> seconds: its predictor, else Eq. 3."""
+        got = self.pricers.get(node)
+        if got is None:
+            model = self.models[node]
+            predictor = self.prefill_predictors.get(node)
+            got = eq3_pricer(model) if predictor is None else partial(predictor, model)
+            self.pricers[node] = got
+        return got
+
+    def sent_prices(self, node: int) -> list[float]:
+        """The prefill time of each request in sent[node], in sent order (memoized; read-only
+        for callers)."""
+        sent = self.sent.get(node)
+        if not sent:
+            return []
+        prices = self.sent_price_memo.get(node)
+        if prices is None:
+            prices = self.sent_price_memo[node] = []
+        if len(prices) < len(sent):
+            price = self.pricer(node)
+            prices.extend(price(q.t_uc, q.t_c) for _, q in islice(sent.values(), len(prices), None))
+        return prices
 
     def fresh_report(self, node: int, now: float) -> NodeReport | None:
         r = self.reports.get(node)
@@ -174,12 +255,13 @@ class ClusterView:
 
     def queued_time(self, node: int, report: NodeReport) -> float:
         """Sum of Eq. 3 over a report's queue (memoized per report)."""
-        memo = self._s.queue_memo
-        got = memo.get(node)
+        s = self._s
+        got = s.queue_memo.get(node)
         if got is not None and got[0] is report:
             return got[1]
-        total = sum(self.prefill_time(node, q.t_uc, q.t_c) for q in report.queued)
-        memo[node] = (report, total)
+        price = s.pricer(node)
+        total = sum(price(q.t_uc, q.t_c) for q in report.queued)
+        s.queue_memo[node] = (report, total)
         return total
 
     def prefill_wait(self, node: int, now: float) -> float:
@@ -191,11 +273,10 @@ class ClusterView:
         r = s.fresh_report(node, now)
         if r is not None:
             wait = max(0.0, r.remaining_s - (now - r.t)) + self.queued_time(node, r)
-        sent = s.sent.get(node)
-        if sent:
-            prefill_time = self.prefill_time
-            for _, q in sent.values():
-                wait += prefill_time(node, q.t_uc, q.t_c)
+        if s.sent.get(node):
+            # A left fold, as `wait += price` per request adds (not sum(): from Python 3.12
+            # a sum of floats is compensated, another float).
+            wait = reduce(add, s.sent_prices(node), wait)
         return wait
 
     def decode_load(self, node: int) -> int:
@@ -210,17 +291,12 @@ class ClusterView:
     def prefill_time(self, node: int, t_uc: float, t_c: float) -> float:
         """Eq. 3 for a request with t_uc uncached and t_c cached tokens on `node`, or the
         node's prefill predictor where it has one."""
-        m = self._s.models[node]
-        predictor = self._s.prefill_predictors.get(node)
-        if predictor is not None:
-            return predictor(m, t_uc, t_c)
-        p = m.prefill
-        t_uc = max(t_uc, 0.0)
-        t_c = max(t_c, 0.0)
-        a = t_uc * t_c + t_uc * (t_uc + 1.0) / 2.0
-        return (
-            p.c0 * t_uc / m.mean_new_tokens
-            + p.c1 * t_uc
-            + p.c2 * a
-            + p.c3 * m.restore_fraction * t_c
-        )
+        s = self._s
+        price = s.pricers.get(node)
+        if price is None:
+            price = s.pricer(node)
+        return price(t_uc, t_c)
+
+    def pricer(self, node: int) -> Pricer:
+        """`prefill_time` of `node` as a function of (t_uc, t_c), for pricing many requests."""
+        return self._s.pricer(node)

@@ -46,7 +46,9 @@ DOMAIN_MUTATORS: dict[tuple[str, str], frozenset[str]] = {
     ("cluster/control/planning.py", "WindowStats"): frozenset(
         {"record_request", "record_decode_load", "record_prefill_iteration", "prune"}
     ),
-    ("cluster/control/state.py", "ClusterState"): frozenset({"report", "record_sent"}),
+    ("cluster/control/state.py", "ClusterState"): frozenset(
+        {"report", "record_sent", "release_sent", "set_models", "set_prefill_predictor"}
+    ),
     ("cluster/control/routing.py", "Router"): frozenset({"route", "on_prefill_done", "on_done"}),
     ("cluster/control/routing.py", "DecodeBinder"): frozenset({"bind"}),
     ("cluster/control/switching.py", "SwitchBook"): frozenset(
