@@ -152,13 +152,11 @@ class ClusterState:
             self.prefill_predictors.pop(node, None)
         else:
             self.prefill_predictors[node] = predictor
-        self.queue_memo.pop(node, None)
         self._repriced(node)
 
     def set_models(self, models: Mapping[int, NodeModel]) -> None:
-        """Replace the models of the nodes in `models` (the others keep theirs). A node's
-        memoized queue estimate keeps its old prices until the node's next report (as it
-        always has: dropping it changes the simulator's answers)."""
+        """Replace the models of the nodes in `models` (the others keep theirs); their
+        queues, and what was sent to them, are priced with the new models from now on."""
         self.models.update(models)
         for n in models:
             self._repriced(n)
@@ -166,6 +164,7 @@ class ClusterState:
     def _repriced(self, node: int) -> None:
         self.pricers.pop(node, None)
         self.sent_price_memo.pop(node, None)
+        self.queue_memo.pop(node, None)
 
     def record_sent(self, node: int, work: QueuedWork, t: float) -> None:
         sent = self.sent.setdefault(node, {})

@@ -57,8 +57,8 @@ def reference_queue(s: ClusterState, node: int) -> float:
 
 
 def reference_wait(s: ClusterState, node: int, now: float, queued: float | None = None) -> float:
-    """W_n from scratch; `queued`: the report's queue as priced when it arrived (a model
-    change reprices it at the next report, a predictor change at once)."""
+    """W_n from scratch; `queued`: the report's queue as priced when it arrived or when the
+    node's model or predictor last changed."""
     wait = 0.0
     r = s.reports.get(node)
     if r is not None and now - r.t <= s.max_report_age_s:
@@ -115,6 +115,9 @@ def test_memoized_wait_is_the_from_scratch_sum(ops: list[tuple]) -> None:
             s.release_sent(o[1], o[2])
         elif kind == "models":
             s.set_models({n: MODELS[k] for n, k in o[1]})
+            for n, _ in o[1]:  # a node's queue is repriced with its new model at once
+                if n in s.reports:
+                    queued[n] = reference_queue(s, n)
         elif kind == "predictor":
             s.set_prefill_predictor(o[1], PREDICTORS[o[2]])
             if o[1] in s.reports:
@@ -165,8 +168,11 @@ def test_changes_drop_the_memos_they_make_stale() -> None:
     view.prefill_wait(0, 1.0)
     s.release_sent(0, "nope")
     assert 0 in s.sent_price_memo
+    s.report(NodeReport(0, 1.0, "prefill", (QueuedWork("q", 2000.0, 0.0),), 0.1, 1, frozenset()))
+    view.prefill_wait(0, 1.0)
+    assert 0 in s.queue_memo
     s.set_models({0: MODELS[2]})
-    assert 0 not in s.sent_price_memo and 0 not in s.pricers
+    assert 0 not in s.sent_price_memo and 0 not in s.pricers and 0 not in s.queue_memo
     assert view.prefill_wait(0, 1.0) == reference_wait(s, 0, 1.0)
     s.set_prefill_predictor(0, scaled)
     assert 0 not in s.sent_price_memo and 0 not in s.pricers
