@@ -129,7 +129,7 @@ def test_a_block_repeated_in_one_store_is_one_holding():
     d = KVDirectory(16)
     d.store(0, [5, 6, 5], 0, "host", 0.0)
     d.store(1, [5], 0, "gpu", 0.0)
-    d.check_invariants()  # holder counts exact
+    d.check_invariants()  # holder bitmasks exact
     d.remove(0, 5, None)
     assert d.holders_of(5) == {1: GPU} and d.longest_prefix([5], [0, 1]).cluster == 1
     d.remove(1, 5, "gpu")
