@@ -361,7 +361,7 @@ class KVDirectory:
         cand = 0
         for n in nodes:
             cand |= node_bit.get(n, 0)
-        found: dict[int, int] = {}  # bit position -> prefix length
+        found: dict[int, int] = {}  # node bit -> prefix length
         held = self._held
         stack = [(0, len(path), cand)] if cand else []
         while stack:
@@ -369,7 +369,7 @@ class KVDirectory:
             if lo >= hi:
                 while m:
                     low = m & -m
-                    found[low.bit_length() - 1] = lo
+                    found[low] = lo
                     m ^= low
                 continue
             mid = (lo + hi) // 2
@@ -383,7 +383,7 @@ class KVDirectory:
         out: dict[int, int] = {}
         for n in nodes:
             b = node_bit.get(n)
-            out[n] = 0 if b is None else found[b.bit_length() - 1]
+            out[n] = 0 if b is None else found[b]
         return out
 
     def longest_prefix(
