@@ -6,9 +6,10 @@ this costs O(batch) attribute reads per epoch, scattered over the heap, and a ru
 O(requests x batch). Here the batch has a clock (`DecodeClock`: iterations its requests ran
 together); a request joining with L iterations left gets the finish clock `clock + L`, so
 its remaining iterations are `decode_end - clock` (`SimRequest.decode_left` reads them so,
-for every reader) and one addition advances the whole batch. The finish clocks, prompt
-lengths and last output positions sit in numpy columns in batch order: the minimum and the
-finishers are one comparison each, and the total context is the reference's sum
+for every reader) and one addition advances the whole batch. A heap of finish clocks gives
+the fewest remaining iterations and the finishers; the finish clocks, prompt lengths and
+last output positions sit in numpy columns in batch order, and the total context is the
+reference's sum
 (`batch_context`) computed in C with the same IEEE operations in the same order, so it is
 bit for bit the same float for any `t_acc` (integral or not).
 """
@@ -16,6 +17,7 @@ bit for bit the same float for any `t_acc` (integral or not).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from heapq import heappop, heappush
 
 import numpy as np
 
@@ -25,6 +27,7 @@ from cluster.sim.entities import DecodeClock, SimRequest
 # np.add.accumulate does; 3.12's sum() compensates its rounding (Neumaier), and there the
 # context is summed by the reference itself.
 SEQUENTIAL_SUM = sum([1e100, 1.0, -1e100]) == 0.0
+END, T_IN, LAST = 0, 1, 2  # rows of DecodeBatch's columns
 
 
 def batch_context(batch: Sequence[SimRequest], t_acc: float) -> float:
@@ -39,17 +42,18 @@ class DecodeBatch:
     with `leave` (preempted) or by finishing in `advance`; a request out of the batch keeps
     its remaining iterations in `decode_end` (its `decode_clock` is None)."""
 
-    __slots__ = ("_end", "_last", "_min", "_n", "_t_in", "clock", "reqs")
+    __slots__ = ("_cols", "_heap", "_n", "_seq", "clock", "reqs")
 
     def __init__(self, reqs: list[SimRequest]) -> None:
         self.clock = DecodeClock()
         self.reqs = reqs
         cap = max(16, 2 * len(reqs))
-        self._end = np.empty(cap, np.int64)  # finish clocks
-        self._t_in = np.empty(cap)  # prompt tokens
-        self._last = np.empty(cap)  # t_out - 1: the output tokens held after the last one
+        # rows: finish clock, prompt tokens, t_out - 1 (integers, exact in float64 < 2**53)
+        self._cols = np.empty((3, cap))
         self._n = 0
-        self._min: int | None = None  # the smallest finish clock (None: to compute)
+        # (finish clock, join order, request); a request that left is dropped when on top
+        self._heap: list[tuple[int, int, SimRequest]] = []
+        self._seq = 0
         for r in reqs:
             self._attach(r)
 
@@ -60,22 +64,20 @@ class DecodeBatch:
     def _attach(self, r: SimRequest) -> None:
         left = r.decode_left  # from its previous batch's clock, if it still has one
         n = self._n
-        if n == len(self._end):
-            cap = 2 * n
-            self._end = np.resize(self._end, cap)
-            self._t_in = np.resize(self._t_in, cap)
-            self._last = np.resize(self._last, cap)
+        cols = self._cols
+        if n == cols.shape[1]:
+            cols = self._cols = np.concatenate((cols, np.empty_like(cols)), axis=1)
         end = self.clock.iterations + left
         r.decode_clock = None
         r.decode_end = end
         r.decode_clock = self.clock
-        self._end[n] = end
+        cols[END, n] = end
         # the reference's own operands: `t_in + (t_out - 1 - ...)` converts them so
-        self._t_in[n] = r.t_in
-        self._last[n] = r.t_out - 1
+        cols[T_IN, n] = r.t_in
+        cols[LAST, n] = r.t_out - 1
         self._n = n + 1
-        if self._min is not None and end < self._min:
-            self._min = end
+        heappush(self._heap, (end, self._seq, r))
+        self._seq += 1
 
     def join(self, reqs: Sequence[SimRequest]) -> None:
         """`reqs` enter at the end of the batch, in order."""
@@ -85,37 +87,47 @@ class DecodeBatch:
 
     def leave(self, r: SimRequest) -> None:
         """`r` leaves the batch (preempted), keeping its remaining iterations."""
-        i = self.reqs.index(r)
+        self._remove(self.reqs.index(r))
+        self._detach(r)
+
+    def _remove(self, i: int) -> None:
         del self.reqs[i]
         n = self._n - 1
-        for col in (self._end, self._t_in, self._last):
-            col[i:n] = col[i + 1 : n + 1]
+        self._cols[:, i:n] = self._cols[:, i + 1 : n + 1]
         self._n = n
-        self._min = None
-        self._detach(r)
 
     def _detach(self, r: SimRequest) -> None:
         left = r.decode_end - self.clock.iterations
         r.decode_clock = None
         r.decode_end = left
 
-    def _min_end(self) -> int:
-        if self._min is None:
-            self._min = int(self._end[: self._n].min())
-        return self._min
+    def _first_end(self) -> int | None:
+        """The smallest finish clock in the batch (None: empty)."""
+        heap = self._heap
+        while heap:
+            end, _, r = heap[0]
+            if r.decode_clock is self.clock and r.decode_end == end:
+                return end
+            heappop(heap)  # it left the batch (or rejoined with another finish clock)
+        return None
 
     def min_left(self) -> int:
         """The fewest remaining iterations of a request in the (non-empty) batch."""
-        return self._min_end() - self.clock.iterations
+        end = self._first_end()
+        if end is None:
+            raise ValueError("min_left of an empty decode batch")
+        return end - self.clock.iterations
 
     def context(self, t_acc: float) -> float:
         """`batch_context(self.reqs, t_acc)`, the same float, without a loop in Python."""
         n = self._n
         if not SEQUENTIAL_SUM or n == 0:
             return batch_context(self.reqs, t_acc)
-        x = (self._end[:n] - self.clock.iterations) * t_acc  # decode_left * t_acc
-        np.subtract(self._last[:n], x, out=x)  # t_out - 1 - ...
-        np.add(self._t_in[:n], x, out=x)  # t_in + (...)
+        cols = self._cols
+        x = cols[END, :n] - self.clock.iterations  # decode_left (exact)
+        x *= t_acc
+        np.subtract(cols[LAST, :n], x, out=x)  # t_out - 1 - decode_left * t_acc
+        np.add(cols[T_IN, :n], x, out=x)  # t_in + (...)
         return float(np.add.accumulate(x, out=x)[-1])  # left to right, as sum() of 3.11
 
     def advance(self, iterations: int) -> list[SimRequest]:
@@ -124,20 +136,15 @@ class DecodeBatch:
         clock = self.clock
         clock.iterations += iterations
         now = clock.iterations
-        n = self._n
-        if n == 0 or self._min_end() > now:
-            return []
-        ends = self._end[:n]
-        keep = ends > now
-        done = np.flatnonzero(~keep).tolist()
-        finished = [self.reqs[i] for i in done]
-        for i in reversed(done):
-            del self.reqs[i]
-        m = n - len(done)
-        for col in (self._end, self._t_in, self._last):
-            col[:m] = col[:n][keep]
-        self._n = m
-        self._min = None
-        for r in finished:
-            self._detach(r)
+        finished: list[SimRequest] = []
+        end = self._first_end()
+        while end is not None and end <= now:
+            r = heappop(self._heap)[2]
+            self._detach(r)  # a second entry of r (same finish clock) is now stale
+            finished.append(r)
+            end = self._first_end()
+        if len(finished) > 1:
+            finished.sort(key=self.reqs.index)  # batch order
+        for r in reversed(finished):
+            self._remove(self.reqs.index(r))
         return finished
