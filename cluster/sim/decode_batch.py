@@ -16,6 +16,7 @@ bit for bit the same float for any `t_acc` (integral or not).
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 from heapq import heappop, heappush
 
@@ -42,7 +43,7 @@ class DecodeBatch:
     with `leave` (preempted) or by finishing in `advance`; a request out of the batch keeps
     its remaining iterations in `decode_end` (its `decode_clock` is None)."""
 
-    __slots__ = ("_cols", "_heap", "_n", "_seq", "clock", "reqs")
+    __slots__ = ("_cols", "_heap", "_n", "_seq", "_seqs", "clock", "reqs")
 
     def __init__(self, reqs: list[SimRequest]) -> None:
         self.clock = DecodeClock()
@@ -50,6 +51,7 @@ class DecodeBatch:
         cap = max(16, 2 * len(reqs))
         # rows: finish clock, prompt tokens, t_out - 1 (integers, exact in float64 < 2**53)
         self._cols = np.empty((3, cap))
+        self._seqs: list[int] = []  # join order of reqs (increasing along the batch)
         self._n = 0
         # (finish clock, join order, request); a request that left is dropped when on top
         self._heap: list[tuple[int, int, SimRequest]] = []
@@ -72,9 +74,10 @@ class DecodeBatch:
         r.decode_end = end
         r.decode_clock = self.clock
         cols[END, n] = end
-        # the reference's own operands: `t_in + (t_out - 1 - ...)` converts them so
+        # the reference's own operands, as `t_in + (t_out - 1 - ...)` converts them
         cols[T_IN, n] = r.t_in
         cols[LAST, n] = r.t_out - 1
+        self._seqs.append(self._seq)
         self._n = n + 1
         heappush(self._heap, (end, self._seq, r))
         self._seq += 1
@@ -92,8 +95,10 @@ class DecodeBatch:
 
     def _remove(self, i: int) -> None:
         del self.reqs[i]
+        del self._seqs[i]
         n = self._n - 1
-        self._cols[:, i:n] = self._cols[:, i + 1 : n + 1]
+        if i < n:
+            self._cols[:, i:n] = self._cols[:, i + 1 : n + 1]
         self._n = n
 
     def _detach(self, r: SimRequest) -> None:
@@ -136,15 +141,19 @@ class DecodeBatch:
         clock = self.clock
         clock.iterations += iterations
         now = clock.iterations
-        finished: list[SimRequest] = []
+        out: list[tuple[int, SimRequest]] = []
         end = self._first_end()
         while end is not None and end <= now:
-            r = heappop(self._heap)[2]
+            _, seq, r = heappop(self._heap)
             self._detach(r)  # a second entry of r (same finish clock) is now stale
-            finished.append(r)
+            out.append((seq, r))
             end = self._first_end()
-        if len(finished) > 1:
-            finished.sort(key=self.reqs.index)  # batch order
-        for r in reversed(finished):
-            self._remove(self.reqs.index(r))
-        return finished
+        if not out:
+            return []
+        out.sort()  # batch order: join order (seqs are unique)
+        for seq, r in reversed(out):  # the last first: earlier positions stay put
+            i = bisect_left(self._seqs, seq)
+            if self.reqs[i] is not r:
+                raise AssertionError(f"decode batch columns out of step at {r.request_id}")
+            self._remove(i)
+        return [r for _, r in out]
