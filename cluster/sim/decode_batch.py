@@ -9,9 +9,10 @@ its remaining iterations are `decode_end - clock` (`SimRequest.decode_left` read
 for every reader) and one addition advances the whole batch. A heap of finish clocks gives
 the fewest remaining iterations and the finishers; the finish clocks, prompt lengths and
 last output positions sit in numpy columns in batch order, and the total context is the
-reference's sum
-(`batch_context`) computed in C with the same IEEE operations in the same order, so it is
-bit for bit the same float for any `t_acc` (integral or not).
+reference's sum (`batch_context`) computed in C with the same IEEE operations in the same
+order, so it is bit for bit the same float for any `t_acc` (integral or not: the presets'
+1.7 and 3.2 included). In situ each numpy call costs a few microseconds (cold caches), so
+an epoch makes about five: the context's, and a shift per finisher.
 """
 
 from __future__ import annotations
