@@ -20,6 +20,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Sequence
 from heapq import heappop, heappush
+from operator import itemgetter
 
 import numpy as np
 
@@ -151,10 +152,14 @@ class DecodeBatch:
             end = self._first_end()
         if not out:
             return []
-        out.sort()  # batch order: join order (seqs are unique)
-        for seq, r in reversed(out):  # the last first: earlier positions stay put
-            i = bisect_left(self._seqs, seq)
-            if self.reqs[i] is not r:
-                raise AssertionError(f"decode batch columns out of step at {r.request_id}")
+        seqs, reqs = self._seqs, self.reqs
+        at: list[tuple[int, SimRequest]] = []
+        for seq, r in out:
+            i = bisect_left(seqs, seq)
+            if i == len(seqs) or reqs[i] is not r:  # an older entry of a request that
+                i = reqs.index(r)  # left and rejoined with the same finish clock
+            at.append((i, r))
+        at.sort(key=itemgetter(0))  # batch order
+        for i, _ in reversed(at):  # the last first: earlier positions stay put
             self._remove(i)
-        return [r for _, r in out]
+        return [r for _, r in at]

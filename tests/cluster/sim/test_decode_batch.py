@@ -37,7 +37,9 @@ def _reference_context(batch: list[SimRequest], left: dict[str, int], t_acc: flo
     return float(sum(r.t_in + (r.t_out - 1 - left[r.request_id] * t_acc) for r in batch))
 
 
-# An op: ("join", t_in, t_out, left), ("leave", index) or ("advance", iterations).
+# An op: ("join", t_in, t_out, left), ("leave", index), ("rejoin", index): a request that
+# left joins again (with the same finish clock when no advance came between) or
+# ("advance", iterations).
 OPS = st.one_of(
     st.tuples(
         st.just("join"),
@@ -46,6 +48,7 @@ OPS = st.one_of(
         st.integers(1, 3_000),
     ),
     st.tuples(st.just("leave"), st.integers(0, 10_000)),
+    st.tuples(st.just("rejoin"), st.integers(0, 10_000)),
     st.tuples(st.just("advance"), st.integers(1, 400)),
 )
 T_ACC = st.one_of(st.sampled_from([1.0, 1.7, 2.0, 3.2]), st.floats(0.05, 8.0))
@@ -69,6 +72,11 @@ def test_columns_match_the_request_by_request_bookkeeping(t_acc, start, ops):
             r = db.reqs[op[1] % len(db.reqs)]
             db.leave(r)
             out.append(r)
+        elif op[0] == "rejoin" and any(left[r.request_id] > 0 for r in out):
+            waiting = [r for r in out if left[r.request_id] > 0]
+            r = waiting[op[1] % len(waiting)]
+            out.remove(r)
+            db.join([r])
         elif op[0] == "advance":
             before = list(db.reqs)
             for r in before:
@@ -80,6 +88,7 @@ def test_columns_match_the_request_by_request_bookkeeping(t_acc, start, ops):
         for r in db.reqs + out:
             assert r.decode_left == left[r.request_id]
         assert all(r.decode_clock is None for r in out)
+        assert len(set(map(id, db.reqs + out))) == len(db.reqs) + len(out)
         if db.reqs:
             assert db.min_left() == min(left[r.request_id] for r in db.reqs)
         ctx = db.context(t_acc)
