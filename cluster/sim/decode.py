@@ -7,7 +7,9 @@ measured-grid pricer, the engine model's price of each iteration), each iteratio
 t_acc tokens per request. When the batch must change (a request's KV arrived, or prefill
 work is waiting on a collocated node), the epoch is cut at the boundary of the iteration
 in progress. Requests join when the node's KV memory admits them; before an epoch the
-memory may name running calls to preempt (the unified pool under pressure).
+memory may name running calls to preempt (the unified pool under pressure). Each node's
+batch is a `DecodeBatch` (its clock and columns): an epoch's fewest remaining iterations,
+total context and finishers cost no Python loop over the batch, with the same answers.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from cluster.control.state import NodeReport
 from cluster.hardware.pricer import IterationPricer
 from cluster.hardware.profiles import HardwareProfile
 from cluster.sim.buffer import BufferedSink
+from cluster.sim.decode_batch import DecodeBatch
 from cluster.sim.engine_model.pricing import iteration_time
 from cluster.sim.entities import DecodeEpoch, SimRequest
 from cluster.sim.kernel import DECODE_END, EventKernel
@@ -66,6 +69,27 @@ class DecodeStage:
         self.pricer = pricer  # engine limits with a measured grid: the engine model's prices
         self.epoch_token = 0
         self._base: dict[int, float] = {}  # batch size -> decode_base_s (the profile is fixed)
+        self._batches: dict[int, DecodeBatch] = {}  # node id -> its decode batch's columns
+
+    def batch(self, node: SimNode) -> DecodeBatch:
+        """The node's decode batch with its clock and columns (rebuilt, keeping every
+        request's remaining iterations, if `node.decode_batch` was replaced)."""
+        db = self._batches.get(node.id)
+        if db is None or not db.holds(node.decode_batch):
+            db = self._batches[node.id] = DecodeBatch(node.decode_batch)
+        return db
+
+    def leave(self, node: SimNode, req: SimRequest) -> None:
+        """`req` leaves the node's decode batch (preempted) with its remaining iterations."""
+        self.batch(node).leave(req)
+
+    def advance(self, node: SimNode, batch: list[SimRequest], iterations: int) -> list[SimRequest]:
+        """The node's decode batch, which is `batch`, ran `iterations` more: the requests
+        with none left leave it and are returned in batch order."""
+        db = self.batch(node)
+        if db.reqs != batch:
+            raise RuntimeError(f"node {node.id}: its decode batch changed during an iteration")
+        return db.advance(iterations)
 
     def admit_joins(self, node: SimNode) -> None:
         """Requests whose KV arrived enter the batch (in priority order) as memory admits."""
@@ -76,7 +100,7 @@ class DecodeStage:
         admitted, node.join_queue = node.memory.admit_decode(
             node.join_queue, len(node.decode_batch), self.profile.max_decode_batch
         )
-        node.decode_batch.extend(admitted)
+        self.batch(node).join(admitted)
         if self.track_waits:
             now = self.kernel.now
             for r in admitted:
@@ -95,8 +119,7 @@ class DecodeStage:
 
     def start_epoch(self, node: SimNode) -> None:
         now = self.kernel.now
-        k = min(r.decode_left for r in node.decode_batch)
-        k = max(1, min(k, 1024))
+        k = max(1, min(self.batch(node).min_left(), 1024))
         mem = node.memory
         victim = mem.preemption_victim(node.decode_batch)
         while victim is not None:
@@ -106,7 +129,7 @@ class DecodeStage:
         batch = list(node.decode_batch)
         b = len(batch)
         t_acc = self.profile.t_acc
-        ctx0 = float(sum(r.t_in + (r.t_out - 1 - r.decode_left * t_acc) for r in batch))
+        ctx0 = self.batch(node).context(t_acc)  # decode_batch.batch_context(batch, t_acc)
         # Epochs are short (a few iterations; at most 1,024): plain floats beat numpy's
         # per-call cost, with the same IEEE operations in the same order (exact).
         ctx = [ctx0 + (j * b) * t_acc for j in range(k)]
@@ -179,12 +202,7 @@ class DecodeStage:
         node.decode_iter += n_it
         node.epoch = None
         node.memory.settle_epoch(e.batch, n_it, self.kernel.now)
-        still: list[SimRequest] = []
-        finished: list[SimRequest] = []
-        for r in e.batch:  # the batch only changes at epoch boundaries
-            r.decode_left -= n_it
-            (finished if r.decode_left <= 0 else still).append(r)
-        node.decode_batch = still
-        for r in finished:
+        # the batch only changes at epoch boundaries: its requests advance n_it iterations
+        for r in self.advance(node, e.batch, n_it):
             self.done(node, r)
         self.schedule(node)

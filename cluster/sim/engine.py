@@ -248,7 +248,7 @@ class NodeEngine:
     def preempt(self, node: SimNode, req: SimRequest) -> None:
         """Recompute preemption (vLLM): the call frees its KV and waits to be re-prefilled
         (prompt plus the tokens generated so far), then resumes decoding."""
-        node.decode_batch.remove(req)
+        self.decode.leave(node, req)
         node.memory.release(req)
         req.recompute = True
         req.done_uc = 0

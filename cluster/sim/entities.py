@@ -33,7 +33,8 @@ class SimRequest:
     __slots__ = (
         "attn_pairs",
         "branch_id",
-        "decode_left",
+        "decode_clock",
+        "decode_end",
         "decode_node",
         "decode_refusals",
         "decode_wait",
@@ -112,7 +113,10 @@ class SimRequest:
         self.t_prefill_start: float | None = None
         self.t_first_token: float | None = None
         self.t_done: float | None = None
-        self.decode_left = 0
+        # Decode iterations left are `decode_end` less the clock of the decode batch the call
+        # is in (`decode_clock`; None out of a batch: `decode_end` is then the count itself).
+        self.decode_end = 0
+        self.decode_clock: DecodeClock | None = None
         # When the call last became ready to decode (KV arrived or recomputed), the seconds
         # it waited to join the batch since, and how often a full batch or KV refused it
         # (engine limits only).
@@ -132,9 +136,34 @@ class SimRequest:
         self.recompute = False
         self.preemptions = 0
 
+    @property
+    def decode_left(self) -> int:
+        """Decode iterations the call still has to run (<= 0: its last token is out)."""
+        clock = self.decode_clock
+        return self.decode_end if clock is None else self.decode_end - clock.iterations
+
+    @decode_left.setter
+    def decode_left(self, value: int) -> None:
+        if self.decode_clock is not None:
+            raise RuntimeError(
+                f"{self.request_id}: decode_left of a call in a decode batch advances only "
+                "with its batch's clock (cluster.sim.decode_batch)"
+            )
+        self.decode_end = value
+
     def sort_key(self) -> tuple[float, float, int]:
         """Priority order of the Dispatch Plane: q, then release time, then release order."""
         return (self.priority, self.t_release, self.seq)
+
+
+class DecodeClock:
+    """Decode iterations a node's batch has run: a call in the batch has `decode_end` less
+    this many iterations left, so one addition advances the whole batch."""
+
+    __slots__ = ("iterations",)
+
+    def __init__(self) -> None:
+        self.iterations = 0
 
 
 class DecodeEpoch:

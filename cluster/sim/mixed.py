@@ -113,12 +113,7 @@ class MixedStage:
         finished: list[SimRequest] = []
         if decodes:
             node.memory.settle_epoch(decodes, 1, self.kernel.now)
-            for r in decodes:
-                r.decode_left -= 1
-                if r.decode_left <= 0:
-                    finished.append(r)
-            if finished:
-                node.decode_batch = [r for r in node.decode_batch if r.decode_left > 0]
+            finished = self.decode.advance(node, decodes, 1)
         prefilled = self.prefill.advance(node, chunks)
         for r in finished:
             self.decode.done(node, r)

@@ -11,10 +11,11 @@ This module is the composition root: `Simulator` builds the layers and wires the
 signals, and keeps the public face (`run`, `start`, `step_until`, `finish`, `cp`, `nodes`,
 `requests`, `now`, ...). The layers, lowest first: `kernel` (the event heap), `entities`
 (calls, epochs, program runs), `memory` with `tiered_memory` / `unified_memory` (a node's
-KV), `node`, the engine (`prefill`, `decode`, `mixed`, `engine`: queueing, chunked prefill,
-transfer, decode epochs, preemption), `contexts` (turn contexts, the ideal cache), `planes`
-(PCBs and policy hooks), `orchestrator` (arrivals, release, completion), `switching` (phase
-switches, the end of the warmup, with `warmup`'s fit) and `metrics` (the summary).
+KV), `node`, the engine (`prefill`, `decode_batch` (a node's decode batch as columns),
+`decode`, `mixed`, `engine`: queueing, chunked prefill, transfer, decode epochs,
+preemption), `contexts` (turn contexts, the ideal cache), `planes` (PCBs and policy hooks),
+`orchestrator` (arrivals, release, completion), `switching` (phase switches, the end of the
+warmup, with `warmup`'s fit) and `metrics` (the summary).
 """
 
 from __future__ import annotations

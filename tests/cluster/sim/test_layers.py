@@ -26,6 +26,7 @@ LAYERS = (
     "unified_memory",
     "node",
     "prefill",
+    "decode_batch",
     "decode",
     "mixed",
     "engine",
