@@ -103,7 +103,7 @@ def simulate_command(
         "(default 10; 0: no limit)",
     ),
     host_kv: bool = typer.Option(
-        True, "--host-kv/--no-host-kv", help="--no-host-kv: one GPU KV pool (collocated only)"
+        True, "--host-kv/--no-host-kv", help="--no-host-kv: one GPU KV pool per node, no host tier"
     ),
     l1_tokens: int | None = typer.Option(None, help="GPU KV tokens per node (profile default)"),
     l2_tokens: int | None = typer.Option(None, help="Host KV tokens per node (profile default)"),

@@ -15,9 +15,12 @@ interval is `toolkit.twin_whatif.estimates`' paired bootstrap, widened by the la
 the engine-model twin's error and the cluster simulator's own baseline error on the metric.
 The simulator's nodes get the twin's pricer (the profile's grid with the recorded
 interconnect), so with the engine limits every iteration is priced by the engine model's
-rule, and the collocated baseline runs vLLM V1's mixed iterations (`cluster.sim.mixed`);
-its error then comes from what the two engines still model differently (the simulator's
-KV in tokens, not blocks; which requests recompute preemption hits).
+rule, and the collocated baseline runs vLLM V1's mixed iterations (`cluster.sim.mixed`).
+Like the engine model, the nodes keep no host KV (`host_kv=False`): each has one GPU pool
+that its prefix cache and its running requests share (on a split, a decode node takes a
+transferred request's KV into its pool when the request joins its batch). The baseline's
+error then comes from what the two engines still model differently (the simulator's KV in
+tokens, not blocks; its preemption victim by priority, then release).
 """
 
 from __future__ import annotations
@@ -126,6 +129,7 @@ def pd_what_if(
         warmup_s=0.0,
         telemetry="compact",
         l1_tokens=inputs.kv.tokens,
+        host_kv=False,  # the engine's KV pool alone: the twin's engines keep no host KV
         max_num_seqs=seqs,
         max_num_batched_tokens=engine.max_num_batched_tokens,
         seed=seed,

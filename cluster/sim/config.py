@@ -102,7 +102,7 @@ class SimConfig:
     scheduling_params: dict[str, Any] = field(default_factory=dict)
     dispatch: Any = None  # None: the PD router `router` places calls
     dispatch_params: dict[str, Any] = field(default_factory=dict)
-    host_kv: bool = True  # False: one GPU KV pool per node, no host tier (collocated only)
+    host_kv: bool = True  # False: one GPU KV pool per node, no host tier
     max_programs: int | None = None  # stop admitting new programs after this many
     # A trace with arrival times replays each program once at its time (agents and
     # arrival_rate_per_min do not apply) and the run ends when its last program finishes.
@@ -156,10 +156,6 @@ class SimConfig:
                 f"--nodes must be >= 2 (>= 1 with --split collocated), got {self.nodes}"
             )
         parse_split(self.split, self.nodes)
-        if not self.host_kv and self.split != "collocated":
-            raise ConfigError(
-                "host_kv=False (a single GPU KV pool, no host tier) needs --split collocated"
-            )
         if self.fit_form not in SIM_FORMS:
             raise ConfigError(
                 f"--form must be one of {', '.join(SIM_FORMS)} (models.forms), got {self.fit_form!r}"

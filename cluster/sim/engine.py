@@ -211,6 +211,8 @@ class NodeEngine:
         rr = RouteRequest(req.request_id, req.program, req.branch_id, req.path, req.t_in, now)
         self.cp.on_prefill_done(rr, node.id, now)
         dnode = self.nodes[req.decode_node]
+        if dnode is not node:
+            node.memory.hand_off(req, now)  # the call's KV leaves this node with it
         if req.t_out <= 1:
             if dnode is not node:
                 dnode.inbound -= 1

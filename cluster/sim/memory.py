@@ -127,6 +127,11 @@ class NodeMemory(Protocol):
         """The call completed (`decoded`: it ran in this node's decode batch)."""
         ...
 
+    def hand_off(self, req: SimRequest, t: float) -> None:
+        """The call's prefill ended here and it moves to its decode node (PD): what this
+        node holds for it as a running call is let go (its blocks stay cached)."""
+        ...
+
     # ---- figures -----------------------------------------------------------------------
     def report(self, phase: Phase) -> tuple[int, int, int, int]:
         """(GPU used, GPU capacity, host used, host capacity) for the node's report."""

@@ -161,6 +161,9 @@ class TieredMemory(KVMemory):
             self.decode_kv -= req.kv_private
             req.kv_private = 0
 
+    def hand_off(self, req: SimRequest, t: float) -> None:
+        return None  # a prefill node holds a call's KV only in its caches (no reservation)
+
     def report(self, phase: Phase) -> tuple[int, int, int, int]:
         return (
             self.decode_kv if phase == "decode" else self.l1.used_tokens,

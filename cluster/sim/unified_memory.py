@@ -8,6 +8,13 @@ Plane's key. A call is admitted to prefill only if its memory fits (a node holdi
 admits anyway, over-committed); when a decode epoch cannot get memory for even one
 iteration, the running call with the largest priority q is preempted (`preemption_victim`)
 and later recomputed.
+
+On a PD split (the engines of `pdlab twin`'s what-ifs, which keep no host KV either) a
+prefill node lets go of a call's KV when it hands the call to its decode node, and the
+decode node takes the call's KV in its own pool when the call joins its batch: the received
+blocks pinned, the rest reserved; a call whose KV does not fit waits, as a vLLM decode
+instance's waiting requests do. A node that turns to decode keeps its cached blocks, as
+reclaimable as any (there is no host tier to keep them in).
 """
 
 from __future__ import annotations
@@ -115,9 +122,31 @@ class UnifiedMemory(KVMemory):
     def admit_decode(
         self, joiners: list[SimRequest], running: int, max_batch: int
     ) -> tuple[list[SimRequest], list[SimRequest]]:
-        # The KV is already allocated (prompt at prefill, tokens as they are generated).
-        room = max_batch - running
-        return joiners[:room], joiners[room:]
+        # A call prefilled here holds its KV already (prompt at prefill, tokens as they are
+        # generated); a call whose KV was transferred here (PD) holds none yet and takes it
+        # now: the blocks received pinned, the rest of its tokens reserved.
+        admitted: list[SimRequest] = []
+        keep: list[SimRequest] = []
+        pool = self.pool
+        for req in joiners:
+            if running >= max_batch:
+                keep.append(req)
+                continue
+            if req.prefill_node != self.node_id and not req.kv_pinned and not req.kv_private:
+                pinned = pool.pin_present(req.path)
+                need = req.t_in + math.ceil(req.generated) - len(pinned) * self.bt
+                evicted = pool.reserve(need, force=not running)
+                if evicted is None:  # does not fit next to the running calls: it waits
+                    pool.unpin(pinned)
+                    keep.append(req)
+                    continue
+                req.kv_pinned = pinned
+                req.kv_private = max(need, 0)
+                if evicted:
+                    self._evicted("gpu", evicted, pool.clock())
+            admitted.append(req)
+            running += 1
+        return admitted, keep
 
     def _fit(self, batch: list[SimRequest]) -> int:
         """Decode iterations of `batch` the pool could still hold."""
@@ -168,6 +197,10 @@ class UnifiedMemory(KVMemory):
         self.pool.touch(req.path, t)  # freed KV is the most recently used (vLLM)
         self.release(req)
 
+    def hand_off(self, req: SimRequest, t: float) -> None:
+        """Its KV, freed here once prefilled, is the most recently used (as at the end)."""
+        self.end_call(req, False, t)
+
     # ---- figures -------------------------------------------------------------------------
     def report(self, phase: Phase) -> tuple[int, int, int, int]:
         pool = self.pool
@@ -184,4 +217,6 @@ class UnifiedMemory(KVMemory):
         return (pool.used_tokens, pool.capacity_tokens, pool.used_tokens, pool.capacity_tokens)
 
     def drop_gpu_cache(self, t: float) -> None:
-        raise AssertionError("a unified pool serves collocated nodes only, which never switch")
+        """The node turns to decode: its cached blocks stay in the pool, reclaimable (the
+        pool counts running calls' KV and cached blocks together; there is no host tier)."""
+        return None

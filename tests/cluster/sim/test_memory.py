@@ -58,8 +58,9 @@ def _cache_holdings(sim: Simulator, node: int) -> dict[int, int]:
             l1_tokens=50_000,
             seed=3,
         ),
+        SimConfig(**HOST_PRESSURE | {"host_kv": False, "l1_tokens": 150_000}),  # type: ignore[arg-type]
     ],
-    ids=["tiered", "tiered-retention", "unified-pool"],
+    ids=["tiered", "tiered-retention", "unified-pool", "pd-unified-pool"],
 )
 def test_the_directory_mirrors_every_node_cache(cfg):
     """Everything a node stores or drops reaches the directory as KV events, so at any
@@ -200,3 +201,45 @@ def test_stored_runs_split_a_store_at_the_blocks_already_held():
     assert stored_runs(path, 0, [10, 11]) == [(None, (10, 11))]
     assert stored_runs(path, 1, [12, 13]) == [(11, (12, 13))]  # 11 was held already
     assert stored_runs(path, 0, [10, 12, 13, 15]) == [(None, (10,)), (11, (12, 13)), (14, (15,))]
+
+
+def test_pd_nodes_without_a_host_tier_hand_kv_over_and_leak_none():
+    """A PD split on unified pools (`host_kv=False`, the engines `pdlab twin` replays): a
+    prefill node lets go of a call's KV at hand-off, its decode node takes the received
+    blocks (pinned) and reserves the rest, decode nodes that run out preempt and recompute
+    from their own pool. When every program has finished no pool holds a pin or a
+    reservation, and no KV ever went to a host tier."""
+    sink = MemorySink()
+    cfg = SimConfig(
+        workload="putnam",
+        nodes=3,
+        split="1P2D",
+        agents=16,
+        max_programs=16,
+        duration_s=20_000,
+        warmup_s=0,
+        planner="static",
+        host_kv=False,
+        l1_tokens=60_000,
+        max_num_seqs=64,
+        seed=4,
+    )
+    sim = Simulator(cfg, sink=sink)
+    peak: dict[int, int] = {}
+    orch = sim.orchestrator
+    while sim.now < cfg.duration_s and not (orch.arrivals == 16 and orch.active_programs == 0):
+        sim.step_until(sim.now + 50.0)
+        for n, node in sim.nodes.items():
+            pool = node.memory.pool
+            pool.check_invariants()
+            held = pool.pinned_tokens + pool.reserved_tokens
+            assert held <= pool.pool_tokens or len(node.decode_batch) <= 1, (sim.now, n)
+            peak[n] = max(peak.get(n, 0), held)
+    summary = sim.finish()
+    assert sim.now < cfg.duration_s  # every program finished
+    assert summary["requests"] > 300 and summary["preemptions_total"] > 50
+    for n, node in sim.nodes.items():
+        pool = node.memory.pool
+        assert (pool.pinned_tokens, pool.reserved_tokens) == (0, 0), n
+    assert all(peak[n] > 0 for n in (1, 2))  # the decode nodes held their calls' KV
+    assert {r["tier"] for r in sink.rows("kv_events")} == {"gpu"}
