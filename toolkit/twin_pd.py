@@ -20,7 +20,7 @@ Like the engine model, the nodes keep no host KV (`host_kv=False`): each has one
 that its prefix cache and its running requests share (on a split, a decode node takes a
 transferred request's KV into its pool when the request joins its batch). The baseline's
 error then comes from what the two engines still model differently (the simulator's KV in
-tokens, not blocks; its preemption victim by priority, then release).
+tokens, not blocks; which requests recompute preemption hits).
 """
 
 from __future__ import annotations

@@ -264,7 +264,8 @@ class Simulator:
             self.planes.on_owner_evicted,
         )
         if unified:
-            return UnifiedMemory(n, pool, bt, profile.t_acc, self.out, publish)
+            fifo = type(self.scheduling.instance) is FCFS
+            return UnifiedMemory(n, pool, bt, profile.t_acc, self.out, publish, fifo)
         return TieredMemory(
             n,
             pool,

@@ -6,8 +6,8 @@ Cached blocks, the blocks running calls pin and the tokens they reserve outside 
 cache share the pool's capacity (`RetentionCache`); reclaiming follows the Retention
 Plane's key. A call is admitted to prefill only if its memory fits (a node holding no KV
 admits anyway, over-committed); when a decode epoch cannot get memory for even one
-iteration, the running call with the largest priority q is preempted (`preemption_victim`)
-and later recomputed.
+iteration, a running call is preempted (`preemption_victim`: under FCFS the one that joined
+the running batch last, as vLLM's FCFS; else the largest priority q) and later recomputed.
 
 On a PD split (the engines of `pdlab twin`'s what-ifs, which keep no host KV either) a
 prefill node lets go of a call's KV when it hands the call to its decode node, and the
@@ -42,10 +42,12 @@ class UnifiedMemory(KVMemory):
         t_acc: float,
         out: BufferedSink,
         publish: Publish,
+        fifo: bool = False,
     ) -> None:
         super().__init__(node_id, pool, pool, block_tokens, out, publish, exact_prefix=True)
         self.pool = pool
         self.t_acc = t_acc
+        self.fifo = fifo  # FCFS scheduling: preempt as vLLM's FCFS does
         self.epoch_reserved = 0
 
     def cached_prefix(self, path: Sequence[BlockHash]) -> tuple[int, int]:
@@ -153,10 +155,14 @@ class UnifiedMemory(KVMemory):
         return int(self.pool.reservable_tokens // (len(batch) * self.t_acc))
 
     def preemption_victim(self, batch: list[SimRequest]) -> SimRequest | None:
-        """While not even one iteration fits, the running call with the largest q (then the
-        latest release)."""
+        """While not even one iteration fits: under FCFS the call that joined the running
+        batch last (vLLM's FCFS pops its running list; a resumed call joins it again at the
+        end), else the running call with the largest q, then the latest release (vLLM's
+        priority scheduling)."""
         if len(batch) == 1 or self._fit(batch) >= 1:
             return None
+        if self.fifo:
+            return batch[-1]
         return max(batch, key=SimRequest.sort_key)
 
     def reserve_epoch(self, batch: list[SimRequest], k: int, t: float) -> int:

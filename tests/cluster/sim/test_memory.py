@@ -214,7 +214,7 @@ def test_pd_nodes_without_a_host_tier_hand_kv_over_and_leak_none():
         workload="putnam",
         nodes=3,
         split="1P2D",
-        agents=16,
+        agents=24,
         max_programs=16,
         duration_s=20_000,
         warmup_s=0,
@@ -243,3 +243,34 @@ def test_pd_nodes_without_a_host_tier_hand_kv_over_and_leak_none():
         assert (pool.pinned_tokens, pool.reserved_tokens) == (0, 0), n
     assert all(peak[n] > 0 for n in (1, 2))  # the decode nodes held their calls' KV
     assert {r["tier"] for r in sink.rows("kv_events")} == {"gpu"}
+
+
+def test_the_unified_pool_preempts_as_vllm_does():
+    """When not one more decode iteration fits: under FCFS the call that joined the running
+    batch last (vLLM's FCFS pops its running list, a resumed call joining it again at the
+    end), under a priority policy the largest q (vLLM's priority scheduling)."""
+    from types import SimpleNamespace
+
+    from cluster.kv.retention_cache import RetentionCache
+    from cluster.sim.entities import SimRequest
+    from cluster.sim.unified_memory import UnifiedMemory
+
+    run = SimpleNamespace(program=SimpleNamespace(program_id="p"))
+
+    def call(name: str, q: float) -> SimRequest:
+        r = SimRequest(name, run, 0, "b", [], 10, 10, 0.0, 0)  # type: ignore[arg-type]
+        r.priority = r.t_release = q
+        return r
+
+    batch = [call("a", 5.0), call("b", 9.0), call("c", 1.0)]  # in the order they joined
+
+    def victim(fifo: bool, free: int) -> str | None:
+        pool = RetentionCache(0, "gpu", 100, "lru", lambda: 0.0)
+        mem = UnifiedMemory(0, pool, 4, 1.0, BufferedSink(MemorySink()), lambda e: None, fifo)
+        pool.reserve(100 - free)
+        v = mem.preemption_victim(batch)
+        return None if v is None else v.request_id
+
+    assert victim(True, 0) == "c" and victim(False, 0) == "b"
+    assert victim(True, 3) is None and victim(False, 3) is None  # one iteration of 3 fits
+    assert victim(True, 2) == "c"
