@@ -3,7 +3,8 @@
 Within a node, calls with a smaller priority q run first; release time breaks ties (then the
 order of release). q is computed once, when the call is released: q = pi(x_p(r), s(r)).
 The node's prefill queue and its decode admission follow q, and under KV pressure the
-running call with the largest q is preempted first (vLLM's priority scheduling).
+running call with the largest q is preempted first (vLLM's priority scheduling); under
+`fcfs`, the call that joined the running batch last (vLLM's FCFS scheduling).
 
 Shipped (registry `SCHEDULING_POLICIES`):
 - `fcfs`: q = r_{p,k}, the release time. As the default it keeps the node's queue in

@@ -252,7 +252,7 @@ CASES: dict[str, dict[str, Any]] = {
         nodes=1, split="collocated", max_num_seqs=8, max_num_batched_tokens=1024,
         l1_tokens=9000, **LIMITED
     ),
-    # one GPU pool, no host tier: the largest q is preempted under pressure
+    # one GPU pool, no host tier: under FCFS the last to join is preempted under pressure
     "unified_pool": dict(
         workload="cc", nodes=2, split="collocated", agents=16, duration_s=300, warmup_s=30,
         planner="static", host_kv=False, l1_tokens=60000, retention="lru", seed=2,
