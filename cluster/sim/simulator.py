@@ -117,6 +117,9 @@ class Simulator:
             cfg.scheduling_params,
             hook_budget_s=cfg.hook_budget_s,
         )
+        # The default FCFS keeps each node's queue in arrival order (the historical FIFO)
+        # and preempts as vLLM's FCFS does.
+        self.fifo = type(self.scheduling.instance) is FCFS
         self.dispatch: LoadedPolicy | None = (
             None
             if cfg.dispatch is None
@@ -207,8 +210,7 @@ class Simulator:
             np.random.default_rng(cfg.seed),
             out,
             nodes,
-            # The default FCFS keeps each node's queue in arrival order (the historical FIFO).
-            fifo=type(self.scheduling.instance) is FCFS,
+            fifo=self.fifo,
             limits=cfg.engine_limits,
             max_num_seqs=cfg.max_num_seqs,
             on_prefill_iteration=fit.record_prefill,
@@ -264,8 +266,7 @@ class Simulator:
             self.planes.on_owner_evicted,
         )
         if unified:
-            fifo = type(self.scheduling.instance) is FCFS
-            return UnifiedMemory(n, pool, bt, profile.t_acc, self.out, publish, fifo)
+            return UnifiedMemory(n, pool, bt, profile.t_acc, self.out, publish, self.fifo)
         return TieredMemory(
             n,
             pool,
