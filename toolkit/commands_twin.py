@@ -160,6 +160,16 @@ def twin_command(
             )
         console.print(wt)
         console.print(f"what-if replay: KV {alt.kv_blocks} blocks, {alt.preemptions} preemptions")
+        if alt.changes.keys() & set(PD_KEYS):
+            errors = ", ".join(
+                f"{name} {100 * (m.baseline_sim / m.real - 1):+.1f}%"
+                for name, m in alt.metrics.items()
+                if name.endswith("_mean_s") and m.real
+            )
+            console.print(
+                "baseline (the cluster simulator's replay of the recorded layout) vs real: "
+                + errors
+            )
 
 
 def _metrics_table(run_id: str, requests: int, metrics: dict[str, Any]) -> Any:

@@ -315,3 +315,10 @@ def test_the_pd_baseline_tracks_a_saturated_real_run(real_db: Path, profile: Pat
         m = split.metrics[name]
         assert abs(m.baseline_sim / m.real - 1) <= 0.025, (name, m.baseline_sim, m.real)
     assert split.preemptions > 0
+    # the CLI states that error under the what-if's table
+    args = ["twin", str(real_db), "--run", "llama", "--profile", str(profile), "--no-store"]
+    res = runner.invoke(app, [*args, "--what-if", "split=2P2D"])
+    assert res.exit_code == 0, res.output
+    line = " ".join(ln for ln in res.stdout.splitlines() if "baseline (" in ln or "_mean_s" in ln)
+    m = split.metrics["ttft_mean_s"]
+    assert f"ttft_mean_s {100 * (m.baseline_sim / m.real - 1):+.1f}%" in " ".join(line.split())
