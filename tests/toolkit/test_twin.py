@@ -304,9 +304,10 @@ def test_the_pd_baseline_runs_mixed_iterations_as_the_engine_model_does(
 def test_the_pd_baseline_tracks_a_saturated_real_run(real_db: Path, profile: Path) -> None:
     """The RTX 4090 run saturates its KV (the engine model preempts 187 times). The cluster
     simulator's replay of its recorded layout — the baseline every PD what-if scales by —
-    runs the engine's one KV pool (no host tier, as the twin's engines): within 2.5% of the
-    real means. With a host tier beside GPU memory it came out 3.2-3.6% fast (the prefix
-    cache and the running requests each had the whole GPU capacity)."""
+    runs the engine's one KV pool (no host tier, as the twin's engines) in its 16-token
+    blocks: within 2.5% of the real means. With a host tier beside GPU memory it came out
+    3.2-3.6% fast (the prefix cache and the running requests each had the whole GPU
+    capacity)."""
     from toolkit.twin_pd import pd_what_if
 
     base = run_twin(real_db, "llama", profile, store=False)
