@@ -211,11 +211,10 @@ class NodeEngine:
         rr = RouteRequest(req.request_id, req.program, req.branch_id, req.path, req.t_in, now)
         self.cp.on_prefill_done(rr, node.id, now)
         dnode = self.nodes[req.decode_node]
-        if dnode is not node:
-            node.memory.hand_off(req, now)  # the call's KV leaves this node with it
         if req.t_out <= 1:
             if dnode is not node:
                 dnode.inbound -= 1
+                node.memory.hand_off(req, now)  # nothing to send: its KV is let go here
             self._done(dnode, req, decoded=False)
             return
         req.decode_left = math.ceil((req.t_out - 1) / self.profile.t_acc)
@@ -231,6 +230,8 @@ class NodeEngine:
         dnode = self.nodes[req.decode_node]
         dnode.inbound -= 1
         now = self.kernel.now
+        # The prefill node held the call's KV until it was sent.
+        self.nodes[req.prefill_node].memory.hand_off(req, now)
         dnode.memory.receive(req.path, now)
         self.cp.on_transfer_done(req.branch_id, dnode.id, now)
         self._join(dnode, req)

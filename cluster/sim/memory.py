@@ -128,8 +128,9 @@ class NodeMemory(Protocol):
         ...
 
     def hand_off(self, req: SimRequest, t: float) -> None:
-        """The call's prefill ended here and it moves to its decode node (PD): what this
-        node holds for it as a running call is let go (its blocks stay cached)."""
+        """The call prefilled here has moved to its decode node (PD: its KV was sent, or it
+        has no decode): what this node holds for it as a running call is let go (its
+        blocks stay cached)."""
         ...
 
     # ---- figures -----------------------------------------------------------------------

@@ -10,7 +10,7 @@ iteration, a running call is preempted (`preemption_victim`: under FCFS the one 
 the running batch last, as vLLM's FCFS; else the largest priority q) and later recomputed.
 
 On a PD split (the engines of `pdlab twin`'s what-ifs, which keep no host KV either) a
-prefill node lets go of a call's KV when it hands the call to its decode node, and the
+prefill node lets go of a call's KV once it has been sent to the call's decode node, and the
 decode node takes the call's KV in its own pool when the call joins its batch: the received
 blocks pinned, the rest reserved; a call whose KV does not fit waits, as a vLLM decode
 instance's waiting requests do. A node that turns to decode keeps its cached blocks, as

@@ -213,21 +213,21 @@ def test_pd_nodes_without_a_host_tier_hand_kv_over_and_leak_none():
     cfg = SimConfig(
         workload="putnam",
         nodes=3,
-        split="1P2D",
-        agents=24,
-        max_programs=16,
+        split="2P1D",
+        agents=32,
+        max_programs=32,
         duration_s=20_000,
         warmup_s=0,
         planner="static",
         host_kv=False,
-        l1_tokens=60_000,
+        l1_tokens=50_000,
         max_num_seqs=64,
         seed=4,
     )
     sim = Simulator(cfg, sink=sink)
     peak: dict[int, int] = {}
     orch = sim.orchestrator
-    while sim.now < cfg.duration_s and not (orch.arrivals == 16 and orch.active_programs == 0):
+    while sim.now < cfg.duration_s and not (orch.arrivals == 32 and orch.active_programs == 0):
         sim.step_until(sim.now + 50.0)
         for n, node in sim.nodes.items():
             pool = node.memory.pool
@@ -237,11 +237,11 @@ def test_pd_nodes_without_a_host_tier_hand_kv_over_and_leak_none():
             peak[n] = max(peak.get(n, 0), held)
     summary = sim.finish()
     assert sim.now < cfg.duration_s  # every program finished
-    assert summary["requests"] > 300 and summary["preemptions_total"] > 50
+    assert summary["requests"] > 700 and summary["preemptions_total"] > 20
     for n, node in sim.nodes.items():
         pool = node.memory.pool
         assert (pool.pinned_tokens, pool.reserved_tokens) == (0, 0), n
-    assert all(peak[n] > 0 for n in (1, 2))  # the decode nodes held their calls' KV
+    assert all(peak.values())  # prefill and decode nodes held their calls' KV
     assert {r["tier"] for r in sink.rows("kv_events")} == {"gpu"}
 
 
