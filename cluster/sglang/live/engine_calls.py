@@ -24,6 +24,11 @@ from cluster.sglang.wire.payloads import cached_tokens, event_error, sse_events
 # A decode answer whose failure may be the prefill's death: wait this long for the prefill
 # call to tell (both sockets break at once when an engine host dies).
 BLAME_GRACE_S = 1.0
+# Idle connections to engines are dropped after this long, well before the engines' HTTP
+# servers close them (uvicorn's keep-alive timeout, 5 s in SGLang and here; httpx's own
+# default is 5 s too): a request sent on a connection the server is closing fails with a
+# read error, which would mark a healthy engine down.
+KEEPALIVE_EXPIRY_S = 2.0
 DOWN_ERRORS = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 
 PrefillDone = Callable[[LiveRequest, int, int | None], None]  # (request, node, engine cached)
@@ -61,7 +66,11 @@ class EngineCalls:
         if c is None or c.is_closed:
             c = httpx.AsyncClient(
                 timeout=self.timeout,
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+                limits=httpx.Limits(
+                    max_connections=None,
+                    max_keepalive_connections=256,
+                    keepalive_expiry=KEEPALIVE_EXPIRY_S,
+                ),
             )
             self._clients[id(loop)] = c
         return c

@@ -12,6 +12,7 @@ from collections import Counter
 
 import httpx
 import pytest
+from fastapi import FastAPI, Request
 
 from cluster.kv.hashing import token_block_hashes
 from cluster.sglang.wire.toy_tokenizer import encode
@@ -209,3 +210,42 @@ def test_request_paths_match_the_blocks_the_engine_stored(
 
     rows = open_reader(h.db).table("router_decisions").sort("t")
     assert rows["cached_tokens"].to_list() == [0, len(path) * cp.config.block_tokens]
+
+
+def test_idle_engine_connections_are_dropped_before_the_server_closes_them() -> None:
+    """The proxy's engine connections are reused while busy, and an idle one is dropped after
+    KEEPALIVE_EXPIRY_S, before an engine's HTTP server closes it (uvicorn's keep-alive
+    timeout, 5 s in SGLang): a request sent on a connection the server is closing fails
+    with a read error, which marked a healthy engine down (a 503 burst in a live test)."""
+    import asyncio
+
+    from cluster.engines.shell.loopback import LoopbackServer
+    from cluster.sglang.live.engine_calls import KEEPALIVE_EXPIRY_S, EngineCalls
+
+    app = FastAPI()
+
+    @app.get("/port")
+    async def port(request: Request) -> dict[str, int]:
+        assert request.client is not None
+        return {"port": request.client.port}  # the client side of the connection
+
+    server = LoopbackServer(app, "127.0.0.1", 0)
+    server.start()
+    url = f"http://127.0.0.1:{server.port}/port"
+
+    async def ports() -> list[int]:
+        calls = EngineCalls(None, httpx.Timeout(5.0))
+        c = calls.client()
+        got = [(await c.get(url)).json()["port"], (await c.get(url)).json()["port"]]
+        await asyncio.sleep(KEEPALIVE_EXPIRY_S + 0.5)
+        got.append((await c.get(url)).json()["port"])
+        await calls.aclose()
+        return got
+
+    try:
+        busy, again, after_idle = asyncio.run(ports())
+    finally:
+        server.stop()
+    assert KEEPALIVE_EXPIRY_S < 5.0
+    assert busy == again  # kept alive between requests
+    assert after_idle != busy  # a new connection after the idle time
