@@ -153,7 +153,7 @@ def what_if(
     if engine.data_parallel_size != pricer.parallel.dp:  # MoE: the EP group grows with DP
         par = replace(pricer.parallel, dp=engine.data_parallel_size)
         pricer = IterationPricer(pricer.tables, pricer.shape, par)
-    engines = replay(reqs, engine, kv_blocks, pricer)
+    engines = replay(reqs, engine, kv_blocks, pricer, inputs.overhead)
     alt = sim_timings(reqs, engines)
     metrics = estimates(base, base.sim, alt, samples=samples, seed=seed)
     return WhatIfResult(
