@@ -203,7 +203,7 @@ class IterationPricer:
 
     def moe_time(self, tokens: float, group_tokens: float | None = None) -> float:
         """Seconds of one MoE layer on the busiest rank (0 for a dense model)."""
-        if self._moe is None or tokens <= 0:
+        if self._moe is None or not self.shape.is_moe or tokens <= 0:
             return 0.0
         k, e_total = self.shape.top_k, self.shape.num_experts
         ep, tp = self.parallel.ep, self.parallel.tp
