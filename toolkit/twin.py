@@ -99,6 +99,11 @@ def run_twin(
     """Replay one imported run and compare (module docstring); `flags` go to
     toolkit.engine_inputs.load_engine_inputs (GPU memory, batch limits, link)."""
     inputs = load_engine_inputs(db, run_id, profile, **flags)
+    if overhead is not None:  # the replay's CPU overhead, said in its parameters too
+        from toolkit.twin_parameters import with_parameters
+
+        cpu = {"cpu_overhead_per_iteration_s": overhead.per_iteration_s}
+        inputs = with_parameters(inputs, cpu)._replace(overhead=overhead)
     if inputs.arrivals == "unknown":
         raise ConfigError(
             f"run {inputs.run_id!r} did not record when its requests arrived (a benchmark "
@@ -129,7 +134,7 @@ def run_twin(
     if inputs.engine.data_parallel_size == 1:
         reqs = [q._replace(engine=0) for q in reqs]
     t0 = time.perf_counter()
-    engines = replay_inputs(inputs, reqs, overhead)
+    engines = replay_inputs(inputs, reqs)
     wall = time.perf_counter() - t0
     arr = np.array([q.arrival_s for q in reqs])
     t_out = np.array([q.output_tokens for q in reqs], dtype=float)
