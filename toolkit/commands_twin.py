@@ -10,8 +10,12 @@ so it needs no operator profile. `--no-rescale` keeps the fits' coefficients as 
 Prints, per metric (TTFT, TPOT, E2E: mean, P50, P90, P99; throughput), the real value, the
 replay's, the relative error and its bootstrap 95% interval (toolkit.twin), the engine
 settings the replay used (recorded, or the flags), the replay's wall time, and the id of
-the run the simulated requests were stored as (source 'twin'). `--json` prints one object
-with "metrics": {"ttft_mean_s": {"real", "sim", "error", "ci95"}, ...}. `--what-if KEY=VALUE`
+the run the simulated requests were stored as (source 'twin'), per DP rank its requests,
+mean running and iterations (dummy ones: a rank stepping with its MoE group without work),
+and every parameter no data measured with its source and, when assumed, its range
+(toolkit.twin_parameters). `--json` prints one object with "metrics": {"ttft_mean_s":
+{"real", "sim", "error", "ci95"}, ...}, "dp_ranks" and "parameters": [{"name", "value",
+"source", "low", "high", "note"}]. `--what-if KEY=VALUE`
 (repeatable) replays the same requests under changed engine settings and estimates each
 metric with an interval that carries the twin's measured error (toolkit.twin_whatif; split=XPYD
 and router=NAME replay on the cluster simulator's PD nodes, toolkit.twin_pd); JSON
@@ -142,6 +146,7 @@ def twin_command(
         f"{result.replay_wall_s:.2f} s"
         + (f"; stored as run {result.twin_run_id}" if result.twin_run_id else "")
     )
+    _print_ranks_and_parameters(console, doc)
     if alt is not None:
         wt = Table(
             title="what if " + ", ".join(f"{k}={v}" for k, v in alt.changes.items()),
@@ -170,6 +175,34 @@ def twin_command(
                 "baseline (the cluster simulator's replay of the recorded layout) vs real: "
                 + errors
             )
+
+
+def _print_ranks_and_parameters(console: Any, doc: dict[str, Any]) -> None:
+    """Per DP rank what the replay did, and what no data measured (toolkit.twin_parameters)."""
+    ranks = doc["dp_ranks"]
+    if len(ranks) > 1:
+        console.print(
+            f"DP ranks ({doc['engine']['ranks']}): "
+            + "; ".join(
+                f"{r['rank']}: {r['requests']} requests, {r['running_mean']:.1f} running on "
+                f"average (max {r['running_max']}), {r['iterations']} iterations"
+                + (f" + {r['dummy_iterations']} dummy" if r["dummy_iterations"] else "")
+                for r in ranks
+            )
+        )
+
+    def fmt(v: float | None) -> str:
+        return "" if v is None else f"{v:.0f}" if v == int(v) and abs(v) >= 1 else f"{v:.3g}"
+
+    console.print(
+        "replay parameters (source; range when assumed): "
+        + "; ".join(
+            f"{p['name']} = {fmt(p['value'])} ({p['source']}"
+            + (f", range {fmt(p['low'])}-{fmt(p['high'])}" if p["low"] is not None else "")
+            + ")"
+            for p in doc["parameters"]
+        )
+    )
 
 
 def _metrics_table(run_id: str, requests: int, metrics: dict[str, Any]) -> Any:

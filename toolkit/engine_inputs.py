@@ -12,6 +12,13 @@ It checks that the profile was built for the engine's TP degree and model size. 
 pricer takes the engine's DP and EP degrees, and the interconnect the run recorded
 (`config["interconnect"]`, e.g. from a cluster description) or the link flags, in place of
 the profile's assumed link; `link` says which link prices the collectives.
+
+A DP run's requests keep their recorded rank when the run recorded one (`ranks`
+"recorded"); otherwise (the importer says "dp_ranks": "not recorded", or an older import
+put every request on rank 0) their rank is left to the replay, which assigns them as
+vLLM's DP load balancer does (`ranks` "vLLM's DP load balancer",
+cluster.sim.engine_model.dp_balance). `parameters` lists what no data measured, with
+sources and ranges (toolkit.twin_parameters); `overhead` is the replay's CPU overhead.
 """
 
 from __future__ import annotations
@@ -27,7 +34,11 @@ from cluster.hardware.engine import GIB, EngineSettings, KvCapacity
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.pricer import IterationPricer
 from cluster.hardware.profiles import load_profile
+from cluster.sim.engine_model import IterationOverhead
 from toolkit.queries.run import Source, open_run
+from toolkit.twin_parameters import ReplayParameter, replay_parameters
+
+BALANCED = "vLLM's DP load balancer"
 
 
 class EngineInputs(NamedTuple):
@@ -39,6 +50,9 @@ class EngineInputs(NamedTuple):
     arrivals: str  # 'recorded', 'burst' or 'unknown' (see toolkit.importers)
     requests: pl.DataFrame  # request_id, t_arrival, t_in, t_c, t_out, node, t_first_token, t_done
     link: str  # where the collectives' bandwidth and latency come from
+    ranks: str = "recorded"  # or BALANCED: the replay assigns the DP ranks
+    overhead: IterationOverhead = IterationOverhead()
+    parameters: tuple[ReplayParameter, ...] = ()
 
 
 def load_engine_inputs(
@@ -94,9 +108,25 @@ def load_engine_inputs(
     else:
         kv = engine.kv_capacity(shape)
     pricer, link = _pricer_for(prof.pricer, engine, config, link_gbps, link_latency_s)
+    ranks = "recorded"
+    if engine.data_parallel_size > 1 and not _ranks_recorded(config, reqs):
+        ranks = BALANCED
+        reqs = reqs.with_columns(pl.lit(None, dtype=reqs["node"].dtype).alias("node"))
+    overhead = IterationOverhead()
+    params = replay_parameters(engine, shape, pricer, kv, link, overhead)
+    arrivals = str(config.get("arrivals", "recorded"))
     return EngineInputs(
-        rid, engine, shape, pricer, kv, str(config.get("arrivals", "recorded")), reqs, link
+        rid, engine, shape, pricer, kv, arrivals, reqs, link, ranks, overhead, params
     )
+
+
+def _ranks_recorded(config: dict[str, Any], reqs: pl.DataFrame) -> bool:
+    """Whether the requests' DP ranks are the ones that served them (module docstring)."""
+    said = config.get("dp_ranks")
+    if said is not None:
+        return said == "recorded"
+    # imported before the importer said: every request on rank 0 is the default, not a rank
+    return reqs.height == 0 or bool((reqs["node"].fill_null(0) != 0).any())
 
 
 def _pricer_for(

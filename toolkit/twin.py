@@ -7,7 +7,11 @@ on one engine model per rank (cluster.sim.engine_model), and compares, per metri
 P50, P90, P99 of TTFT, TPOT and E2E; throughput), the real run with the replay: relative
 error sim / real - 1, and a 95% bootstrap interval of that error (requests resampled with
 replacement, real and simulated together, so the interval covers which requests the run
-happened to have). Metrics are defined as toolkit.queries.serving defines them. The
+happened to have). Metrics are defined as toolkit.queries.serving defines them. Requests
+without a recorded DP rank go where vLLM's DP load balancer would send them, and the DP
+ranks of an MoE model with expert parallelism step together (cluster.sim.engine_model.
+replay); what no data measured is listed with its source (`parameters`,
+toolkit.twin_parameters) and stored with the twin run. The
 simulated requests are stored as a run of source 'twin' (`store_twin_run`) so the figures
 and queries that read runs can compare the two.
 """
@@ -63,7 +67,21 @@ class TwinResult(NamedTuple):
                 "link_gbps": self.inputs.pricer.parallel.link_gbps,
                 "link_latency_s": self.inputs.pricer.parallel.link_latency_s,
                 "link_source": self.inputs.link,
+                "ranks": self.inputs.ranks,
             },
+            "parameters": [p.to_json() for p in self.inputs.parameters],
+            "dp_ranks": [
+                {
+                    "rank": x.engine,
+                    "requests": len(x.requests),
+                    "iterations": x.num_iterations,
+                    "dummy_iterations": x.dummy_iterations,
+                    "running_mean": x.running_mean,
+                    "running_max": max((t[1] for t in x.trace), default=0),
+                    "preemptions": x.num_preemptions,
+                }
+                for x in self.engines
+            ],
         }
 
 
@@ -81,6 +99,11 @@ def run_twin(
     """Replay one imported run and compare (module docstring); `flags` go to
     toolkit.engine_inputs.load_engine_inputs (GPU memory, batch limits, link)."""
     inputs = load_engine_inputs(db, run_id, profile, **flags)
+    if overhead is not None:  # the replay's CPU overhead, said in its parameters too
+        from toolkit.twin_parameters import with_parameters
+
+        cpu = {"cpu_overhead_per_iteration_s": overhead.per_iteration_s}
+        inputs = with_parameters(inputs, cpu)._replace(overhead=overhead)
     if inputs.arrivals == "unknown":
         raise ConfigError(
             f"run {inputs.run_id!r} did not record when its requests arrived (a benchmark "
@@ -111,7 +134,7 @@ def run_twin(
     if inputs.engine.data_parallel_size == 1:
         reqs = [q._replace(engine=0) for q in reqs]
     t0 = time.perf_counter()
-    engines = replay(reqs, inputs.engine, inputs.kv.blocks, inputs.pricer, overhead)
+    engines = replay_inputs(inputs, reqs)
     wall = time.perf_counter() - t0
     arr = np.array([q.arrival_s for q in reqs])
     t_out = np.array([q.output_tokens for q in reqs], dtype=float)
@@ -125,6 +148,15 @@ def run_twin(
     metrics = compare(real, sim_t, samples=samples, seed=seed)
     twin_id = store_twin_run(db, inputs, engines, str(profile)) if store else None
     return TwinResult(inputs.run_id, twin_id, inputs, engines, metrics, wall, reqs, real, sim_t)
+
+
+def replay_inputs(
+    inputs: EngineInputs, reqs: list[ReplayRequest], overhead: IterationOverhead | None = None
+) -> list[EngineReplay]:
+    """Replay `reqs` on the engines `inputs` describe (e.g. toolkit.twin_parameters.
+    with_parameters' inputs); `overhead` replaces the inputs' CPU overhead."""
+    over = inputs.overhead if overhead is None else overhead
+    return replay(reqs, inputs.engine, inputs.kv.blocks, inputs.pricer, over)
 
 
 def sim_timings(reqs: list[ReplayRequest], engines: list[EngineReplay]) -> Timings:
@@ -162,6 +194,8 @@ def store_twin_run(
                 "link_latency_s": inputs.pricer.parallel.link_latency_s,
                 "source": inputs.link,
             },
+            "ranks": inputs.ranks,
+            "parameters": [p.to_json() for p in inputs.parameters],
             "arrivals": "replayed",
         },
         node_names=[f"twin-dp{i}" for i in range(e.data_parallel_size)],

@@ -146,14 +146,29 @@ def what_if(
         kv_blocks = int(settings["num_gpu_blocks"])
     else:  # same KV memory, maybe cut in other blocks
         kv_blocks = inputs.kv.blocks * inputs.engine.block_size // engine.block_size
+    old = inputs.engine
+    if (
+        old.expert_parallel_size > 1
+        and old.expert_parallel_size == old.tensor_parallel_size * old.data_parallel_size
+        and "expert_parallel_size" not in settings
+        and engine.data_parallel_size != old.data_parallel_size
+    ):  # vLLM's expert parallelism spans every rank: EP follows DP, and so do the experts
+        engine = replace(
+            engine, expert_parallel_size=engine.tensor_parallel_size * engine.data_parallel_size
+        )
+        if "num_gpu_blocks" not in settings:
+            freed = old.weight_bytes(inputs.shape) - engine.weight_bytes(inputs.shape)
+            kv_blocks += int(freed // (engine.kv_bytes_per_token(inputs.shape) * engine.block_size))
     reqs = base.requests
     if engine.data_parallel_size != inputs.engine.data_parallel_size:
         reqs = [q._replace(engine=None) for q in reqs]  # recorded ranks no longer apply
     pricer = inputs.pricer
-    if engine.data_parallel_size != pricer.parallel.dp:  # MoE: the EP group grows with DP
-        par = replace(pricer.parallel, dp=engine.data_parallel_size)
+    par = replace(
+        pricer.parallel, dp=engine.data_parallel_size, ep=engine.expert_parallel_size
+    )  # MoE: the EP group grows with DP
+    if par != pricer.parallel:
         pricer = IterationPricer(pricer.tables, pricer.shape, par)
-    engines = replay(reqs, engine, kv_blocks, pricer)
+    engines = replay(reqs, engine, kv_blocks, pricer, inputs.overhead)
     alt = sim_timings(reqs, engines)
     metrics = estimates(base, base.sim, alt, samples=samples, seed=seed)
     return WhatIfResult(

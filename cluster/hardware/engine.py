@@ -16,7 +16,11 @@ The reserve (`non_kv_reserve_bytes`) estimates what vLLM's profiling run finds: 
 of one max_num_batched_tokens forward, the sampler's float32 logits for max_num_seqs
 sequences (twice: logits and probabilities), plus a fixed 0.75 GiB for CUDA graphs and
 non-torch allocations (NCCL, cuBLAS workspaces). It is an estimate: pass the reserve, or the
-blocks, when known.
+blocks, when known. `kv_blocks_range` states its spread: the reserve from half to twice the
+estimate, and 2% less memory than the nominal size (a "24 GB" RTX 4090 shows 23.5 GiB;
+its run recorded 2,588 blocks where 24 GiB and the estimated reserve give 2,791). Under
+expert parallelism a rank holds 1/EP of the expert weights and every attention and dense
+weight (`ModelShape.weight_bytes`), so the experts it does not hold are KV room.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from cluster.hardware.model_shape import ModelShape
 GIB = 1024**3
 FIXED_RESERVE_BYTES = int(0.75 * GIB)
 VLLM_DEFAULT_UTILIZATION = 0.9
+RESERVE_SPREAD = (0.5, 2.0)  # the non-KV reserve: from half to twice the estimate
+MEMORY_SLACK = 0.02  # usable GPU memory below the nominal size
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +170,17 @@ class EngineSettings:
                 f"{reserve / GIB:.2f} GiB reserve"
             )
         return KvCapacity(blocks * self.block_size, blocks, per_token, "GPU memory")
+
+    def kv_blocks_range(self, shape: ModelShape) -> tuple[int, int]:
+        """Plausible (low, high) KV blocks per engine of the estimate from GPU memory."""
+        if self.gpu_memory_bytes is None:
+            raise ConfigError("a KV range from memory needs the GPU memory")
+        reserve = self.non_kv_reserve_bytes(shape)
+        util = self.gpu_memory_utilization or VLLM_DEFAULT_UTILIZATION
+        slack = MEMORY_SLACK * self.gpu_memory_bytes * util
+        low = self.kv_capacity(shape, int(RESERVE_SPREAD[1] * reserve + slack)).blocks
+        high = self.kv_capacity(shape, int(RESERVE_SPREAD[0] * reserve)).blocks
+        return low, high
 
 
 class KvCapacity(NamedTuple):

@@ -14,15 +14,20 @@ decodes (sequences that reach lm_head):
   KV, which the mean preserves), interpolated linearly on each of the four axes as
   LLMServingSim does; each further chunk adds its own prefill-only time above the launch
   floor (the table's smallest pure-prefill time).
-- MoE (App. B.3): tokens after dispatch on one rank T*(1-(1-1/e)^k), distinct experts
-  touched (E/e)*(1-(1-k/E)^T) = (E/e)*phi(T), for T tokens of the EP group of e ranks
-  (the DP ranks' tokens together under DP+EP: `group_tokens`), times `expert_load_skew`
-  (the busiest rank's tokens over the mean; 1 = balanced routing).
+- MoE (App. B.3): `moe.csv` times one GPU holding every expert, each of its `tokens` routed
+  to top-k of `activated_experts` experts: tokens x k expert-token pairs. Under EP over e
+  ranks (vLLM's `allgather_reducescatter` backend: every rank gathers the EP group's T
+  tokens, the DP ranks' together: `group_tokens`) one rank computes the pairs routed to its
+  E/e experts, T*k/e of them times `expert_load_skew` (the busiest rank's pairs over the
+  mean; 1 = balanced routing), so it is priced as the profile's T/e * skew tokens over the
+  (E/e)*(1-(1-k/E)^T) = (E/e)*phi(T) distinct local experts the group's tokens touch.
 - communication (no profile measures it): per TP all-reduce of N*hidden*dtype bytes, two
   per layer (after o_proj and the MLP/MoE) and one for the vocab-parallel embedding,
-  latency + 2(t-1)/t * bytes / bandwidth; under EP a dispatch and a combine per MoE layer of
-  the group's tokens, latency + (e-1)/e * bytes / bandwidth each. `link_gbps` and
-  `link_latency_s` are assumptions (PCIe-class defaults), not measurements.
+  latency + 2(t-1)/t * bytes / bandwidth; under EP per MoE layer a dispatch (all-gather of
+  the group's hidden states and router logits, T*(hidden+E)*dtype bytes) and a combine
+  (reduce-scatter of T*hidden*dtype bytes), latency + (e-1)/e * bytes / bandwidth each (a
+  ring). `link_gbps` and `link_latency_s` come from the run's recorded interconnect, else
+  they are assumptions (PCIe-class defaults), not measurements.
 
 Times are what the operators measured (eager mode, no CUDA graphs, no CPU scheduling time):
 the engine model adds what the profile lacks.
@@ -198,13 +203,14 @@ class IterationPricer:
 
     def moe_time(self, tokens: float, group_tokens: float | None = None) -> float:
         """Seconds of one MoE layer on the busiest rank (0 for a dense model)."""
-        if self._moe is None or tokens <= 0:
+        if self._moe is None or not self.shape.is_moe or tokens <= 0:
             return 0.0
         k, e_total = self.shape.top_k, self.shape.num_experts
         ep, tp = self.parallel.ep, self.parallel.tp
         group = tokens * self.parallel.dp if group_tokens is None else group_tokens
         if ep > 1:
-            local = group * (1.0 - (1.0 - 1.0 / ep) ** k) * self.parallel.expert_load_skew
+            # pairs on the busiest rank / k: the profile's tokens of the same GEMM work
+            local = group / ep * self.parallel.expert_load_skew
             experts = e_total / ep * (1.0 - (1.0 - k / e_total) ** group)
             return self._moe(local, experts)
         experts = e_total * (1.0 - (1.0 - k / e_total) ** tokens)
@@ -223,30 +229,48 @@ class IterationPricer:
             one = p.link_latency_s + 2.0 * (p.tp - 1) / p.tp * size / bw
             out += (2 * self.shape.num_layers + 1) * one
         if p.ep > 1 and self.shape.is_moe:
-            group = tokens * p.dp if group_tokens is None else group_tokens
-            size = group * self.shape.hidden_size * self.shape.dtype_bytes
-            one = p.link_latency_s + (p.ep - 1) / p.ep * size / bw
-            out += 2 * self.shape.num_moe_layers * one
+            out += self.shape.num_moe_layers * self.expert_exchange_time(
+                tokens * p.dp if group_tokens is None else group_tokens
+            )
         return out
+
+    def expert_exchange_time(self, group_tokens: float) -> float:
+        """Seconds of one MoE layer's dispatch and combine over the EP group (module doc)."""
+        p, s = self.parallel, self.shape
+        if p.ep <= 1 or not s.is_moe or group_tokens <= 0:
+            return 0.0
+        share = (p.ep - 1) / p.ep / (p.link_gbps * 1e9)
+        dispatch = group_tokens * (s.hidden_size + s.num_experts) * s.dtype_bytes
+        combine = group_tokens * s.hidden_size * s.dtype_bytes
+        return 2 * p.link_latency_s + (dispatch + combine) * share
 
     def cost(
         self,
         prefill_chunks: Sequence[tuple[int, int]],
         decode_kv: Sequence[int],
         group_tokens: float | None = None,
+        padded_tokens: float | None = None,
     ) -> IterationCost:
         """Seconds by component of an iteration of `prefill_chunks` [(t_uc, t_c), ...] and
-        decodes over contexts `decode_kv`; `group_tokens` is the EP group's token count."""
+        decodes over contexts `decode_kv`; `group_tokens` is the EP group's token count,
+        `padded_tokens` the tokens the dense operators run over when a DP rank's batch is
+        padded to the group's largest (vLLM's DP padding under CUDA graphs)."""
         n_tok = float(sum(u for u, _ in prefill_chunks) + len(decode_kv))
         seqs = float(sum(1 for u, _ in prefill_chunks if u > 0) + len(decode_kv))
         if n_tok <= 0:
             return IterationCost(0.0, 0.0, 0.0, 0.0, 0.0)
+        n_dense = n_tok if padded_tokens is None else max(n_tok, padded_tokens)
         L = self.shape.num_layers
-        dense = self._dense_layers * self._layer.at(n_tok) + self._iter.at(n_tok)
+        dense = self._dense_layers * self._layer.at(n_dense) + self._iter.at(n_dense)
         attention = L * self.attention_time(prefill_chunks, decode_kv)
         moe = self.shape.num_moe_layers * self.moe_time(n_tok, group_tokens)
-        comm = self.communication_time(n_tok, group_tokens)
+        comm = self.communication_time(n_dense, group_tokens)
         return IterationCost(dense, attention, moe, self._seq.at(seqs), comm)
+
+    def outside_layers_time(self, tokens: float, sequences: float) -> float:
+        """Seconds of an iteration outside its decoder layers (embedding, final norm,
+        lm_head, sampler): the part after a DP group's last MoE layer (`cost` includes it)."""
+        return self._iter.at(tokens) + self._seq.at(sequences) if tokens > 0 else 0.0
 
     def time(
         self,

@@ -16,8 +16,9 @@ failed) is left out and listed in the config's "failed_request_ids".
 Engine settings (cluster.hardware.engine.EngineSettings) come from engine_kwargs, then
 kv_cache / hardware / resolved_config where present, with vLLM V1's defaults where neither
 says (chunked prefill and prefix caching on, block 16). One node per DP rank; a request's
-rank is its `dp_rank` field when recorded, else 0. The nodes' MoE shape comes from
-`--model-config` (dense when absent unless vLLM says the model is MoE: then it is required).
+rank is its `dp_rank` field when recorded, else 0 (the config's "dp_ranks" says which). The
+nodes' MoE shape comes from `--model-config` (dense when absent unless vLLM says the model
+is MoE: then it is required).
 
 An optional `cluster_config.json` (LLMServingSim's description of the machine the run
 used) adds the interconnect between an engine's GPUs, `link_bw` (GB/s) and `link_latency`
@@ -201,6 +202,7 @@ def _requests(path: Path, dp: int) -> tuple[list[dict[str, Any]], list[str]]:
             "t_out": f.integer("output_toks", required=True, minimum=1),
             "arrival_time": f.number("arrival_time"),
             "dp_rank": f.integer("dp_rank") or 0,
+            "dp_rank_recorded": obj.get("dp_rank") is not None,
             **{k: f.number(k) for k in TIMESTAMPS},
         }
         if row["dp_rank"] >= dp:
@@ -308,6 +310,8 @@ def read_vllm_bench(
         "model_shape": shape.to_json() if shape else None,
         "interconnect": interconnect,
         "arrivals": "recorded",
+        # without a dp_rank per request every request is stored on rank 0: not its rank
+        "dp_ranks": "recorded" if any(r["dp_rank_recorded"] for r in rows) else "not recorded",
         "clock": {
             "anchor": anchor,
             "engine_t0_s": t0,

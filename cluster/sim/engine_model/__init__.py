@@ -7,11 +7,15 @@
   prefill), with recompute preemption when KV runs out;
 - `replay.replay`: a standalone event loop over one engine per DP rank, each iteration
   priced by `pricing.iteration_time` over `cluster.hardware.pricer.IterationPricer` (the
-  twin, `pdlab twin`; the cluster simulator's mixed iterations price the same way).
+  twin, `pdlab twin`; the cluster simulator's mixed iterations price the same way); the DP
+  ranks of an MoE model with expert parallelism step together (`pricing.lockstep_time`),
+  and requests without a recorded rank go where vLLM's DP load balancer would send them
+  (`dp_balance.DPBalancer`).
 """
 
 from cluster.sim.engine_model.block_pool import BlockPool
-from cluster.sim.engine_model.pricing import IterationOverhead, iteration_time
+from cluster.sim.engine_model.dp_balance import DPBalancer
+from cluster.sim.engine_model.pricing import IterationOverhead, iteration_time, lockstep_time
 from cluster.sim.engine_model.replay import (
     EngineReplay,
     ReplayRequest,
@@ -23,6 +27,7 @@ from cluster.sim.engine_model.sequence import EngineRequest
 
 __all__ = [
     "BlockPool",
+    "DPBalancer",
     "EngineReplay",
     "EngineRequest",
     "IterationOverhead",
@@ -30,6 +35,7 @@ __all__ = [
     "ScheduledBatch",
     "StepScheduler",
     "iteration_time",
+    "lockstep_time",
     "replay",
     "replay_engine",
 ]

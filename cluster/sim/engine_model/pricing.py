@@ -7,6 +7,16 @@ tokens over t_c cached ones, decodes over their contexts, the EP group's tokens 
 plus `IterationOverhead`, what the engine spends outside the profiled operators. The twin's
 replay (`replay.batch_pricer`) and the cluster simulator's mixed iterations on collocated
 nodes with engine limits (`cluster.sim.mixed`) both price with it.
+
+`lockstep_time` prices one iteration of the DP ranks of an MoE model with expert
+parallelism (vLLM's DPEngineCoreProc): every rank runs a forward pass (a rank without work
+runs vLLM's dummy batch of one token), and the ranks meet in every MoE layer's dispatch and
+combine, so each layer lasts as long as its slowest rank: the iteration is
+(L - 1) x the slowest rank's layer + the slowest of (its last layer + what follows it:
+lm_head, sampler, CPU), with the MoE block of every rank priced over the group's tokens on
+the busiest rank (`cluster.hardware.pricer`). When every rank's tokens fit the largest
+CUDA graph (`cuda_graph_tokens`, vLLM's `coordinate_batch_across_dp`) each rank is padded
+to the largest rank's tokens; otherwise (any rank eager) none is.
 """
 
 from __future__ import annotations
@@ -42,3 +52,33 @@ def iteration_time(
     `decode_kv` tokens of context each (their cached tokens plus the one each feeds)."""
     cost = pricer.time(prefill_chunks, decode_kv, group_tokens)
     return cost + overhead(len(prefill_chunks) + len(decode_kv))
+
+
+Batch = tuple[Sequence[tuple[int, int]], Sequence[int]]  # (prefill_chunks, decode_kv)
+DUMMY_BATCH: Batch = ((), (1,))  # vLLM's execute_dummy_batch: one token, no context
+
+
+def lockstep_time(
+    pricer: IterationPricer,
+    batches: Sequence[Batch | None],
+    overhead: IterationOverhead = NO_OVERHEAD,
+    cuda_graph_tokens: int = 0,
+) -> float:
+    """Seconds of one iteration of DP ranks in step, one batch per rank (None: the rank
+    has no work and runs the dummy batch); see the module docstring."""
+    runs = [DUMMY_BATCH if b is None else b for b in batches]
+    tokens = [sum(u for u, _ in c) + len(d) for c, d in runs]
+    seqs = [sum(1 for u, _ in c if u > 0) + len(d) for c, d in runs]
+    widest = max(tokens)
+    padded = 0 < widest <= cuda_graph_tokens
+    group = float(widest * len(runs) if padded else sum(tokens))
+    layers = pricer.shape.num_layers
+    per_layer, last = [], []
+    for (chunks, kv), n, s in zip(runs, tokens, seqs, strict=True):
+        n_dense = widest if padded else n
+        cost = pricer.cost(chunks, kv, group, float(n_dense) if padded else None)
+        outside = pricer.outside_layers_time(n_dense, s) + overhead(s)
+        layer = (cost.total - pricer.outside_layers_time(n_dense, s)) / layers
+        per_layer.append(layer)
+        last.append(layer + outside)
+    return (layers - 1) * max(per_layer) + max(last)

@@ -1,19 +1,30 @@
-"""Replay recorded requests on engine models: a standalone event loop per engine (the twin).
+"""Replay recorded requests on engine models: one event loop over every DP rank (the twin).
 
-Each engine (a DP rank) runs independently, except the DP ranks of an MoE model with
-expert parallelism, which step together (`replay_group`): requests join an engine's
-waiting queue at their recorded arrival (or, without a recorded rank, round-robin in
-arrival order), and the engine iterates while it has work: schedule (`StepScheduler`), price the batch, advance the
-clock by that time, apply the result. Requests arriving during an iteration are seen by the
-next one, as in vLLM's engine loop. An iteration's time is the pricer's time of the mixed
-batch (prefill chunks over their cached tokens, decodes over their contexts) plus
-`IterationOverhead`: what the engine spends outside the profiled GPU operators (the
-scheduler, input preparation, sampling and output processing on the CPU); the rule is
-`pricing.iteration_time`, which the cluster simulator's mixed iterations share.
+Requests reach their rank at their recorded arrival: the rank that served them when the
+run recorded it, else the rank vLLM's DP load balancer would pick at that moment
+(`dp_balance.DPBalancer`: lowest 4 * waiting + running in the DP coordinator's 100 ms
+snapshots). Each engine iterates while it has work: schedule (`StepScheduler`), price the
+batch, advance its clock by that time, apply the result; requests arriving during an
+iteration are seen by the next one, as in vLLM's engine loop. An iteration's time is the
+pricer's time of the mixed batch (prefill chunks over their cached tokens, decodes over
+their contexts) plus `IterationOverhead`: what the engine spends outside the profiled GPU
+operators (the scheduler, input preparation, sampling and output processing on the CPU);
+the rule is `pricing.iteration_time`, which the cluster simulator's mixed iterations share.
+
+Dense DP ranks are independent engines (vLLM 0.19 runs them apart). The DP ranks of an
+MoE model with expert parallelism step together, as vLLM's `DPEngineCoreProc.
+run_busy_loop` makes them (vllm/v1/engine/core.py): while any rank has work, every rank
+runs a forward pass each step, a rank with nothing scheduled running `execute_dummy_batch`
+(one token), because all of them meet in every MoE layer's dispatch and combine; the step
+is priced by `pricing.lockstep_time` (each layer as slow as its slowest rank, the MoE block
+over the group's tokens). When no rank has work the loop keeps stepping dummy batches until
+its finish check, an all-reduce every 32 steps (`_has_global_unfinished_reqs`), sees it.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -21,12 +32,22 @@ from cluster.core import ConfigError
 from cluster.hardware.engine import EngineSettings
 from cluster.hardware.pricer import IterationPricer
 from cluster.sim.engine_model.block_pool import BlockPool, blocks_for
-from cluster.sim.engine_model.pricing import NO_OVERHEAD, IterationOverhead, iteration_time
+from cluster.sim.engine_model.dp_balance import DPBalancer
+from cluster.sim.engine_model.pricing import (
+    NO_OVERHEAD,
+    IterationOverhead,
+    iteration_time,
+    lockstep_time,
+)
 from cluster.sim.engine_model.scheduler import ScheduledBatch, StepScheduler
 from cluster.sim.engine_model.sequence import EngineRequest
 
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's defaults when a run did not record them
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+FINISH_SYNC_STEPS = 32  # vLLM's DP engines check for global completion every 32 steps
+
+Price = Callable[[ScheduledBatch, float], float]
+GroupPrice = Callable[[Sequence[ScheduledBatch | None]], float]
 
 
 class ReplayRequest(NamedTuple):
@@ -34,7 +55,7 @@ class ReplayRequest(NamedTuple):
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
-    engine: int | None = None  # DP rank that served it; None: round-robin
+    engine: int | None = None  # DP rank that served it; None: vLLM's DP load balancer picks
 
 
 class EngineReplay(NamedTuple):
@@ -42,87 +63,159 @@ class EngineReplay(NamedTuple):
 
     engine: int
     requests: list[EngineRequest]
-    num_iterations: int
-    busy_s: float
-    # (iteration end s, running, waiting, KV blocks used) after each iteration
+    num_iterations: int  # iterations that ran requests
+    busy_s: float  # seconds of those iterations
+    # (iteration end s, running, waiting, KV blocks used) after each iteration, dummy ones
+    # (a DP rank stepping with its group without work) included
     trace: list[tuple[float, int, int, int]]
+    dummy_iterations: int = 0
 
     @property
     def num_preemptions(self) -> int:
         return sum(r.num_preemptions for r in self.requests)
 
+    @property
+    def running_mean(self) -> float:
+        """Running requests, time-weighted from the first iteration's end to the last's
+        (each count holds until the next iteration ends)."""
+        if len(self.trace) < 2:
+            return float(self.trace[0][1]) if self.trace else 0.0
+        area = sum((b[0] - a[0]) * a[1] for a, b in itertools.pairwise(self.trace))
+        span = self.trace[-1][0] - self.trace[0][0]
+        return area / span if span > 0 else float(self.trace[-1][1])
 
-class _Engine:
+
+class _Rank:
     """The replay state of one engine: its requests in arrival order and what it did."""
 
-    def __init__(self, rank: int, requests: Sequence[ReplayRequest], scheduler: StepScheduler):
-        capacity, bs = scheduler.pool.num_blocks, scheduler.pool.block_size
+    def __init__(self, rank: int, scheduler: StepScheduler):
         self.rank, self.scheduler = rank, scheduler
-        self.live: list[EngineRequest] = []
-        for r in sorted(requests, key=lambda r: (r.arrival_s, r.request_id)):
-            need = blocks_for(r.prompt_tokens + r.output_tokens - 1, bs)
-            if need > capacity:
-                raise ConfigError(
-                    f"request {r.request_id!r} needs {need} KV blocks ({r.prompt_tokens} + "
-                    f"{r.output_tokens} tokens); engine {rank} has {capacity}"
-                )
-            self.live.append(
-                EngineRequest(r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens)
-            )
-        self.next = self.iterations = 0
+        self.requests: list[EngineRequest] = []
+        self.iterations = self.dummies = self._seen = 0
         self.busy_s = 0.0
         self.trace: list[tuple[float, int, int, int]] = []
 
-    def admit_until(self, t: float) -> None:
-        while self.next < len(self.live) and self.live[self.next].arrival_s <= t:
-            self.scheduler.add(self.live[self.next])
-            self.next += 1
+    def add(self, r: ReplayRequest) -> None:
+        pool = self.scheduler.pool
+        need = blocks_for(r.prompt_tokens + r.output_tokens - 1, pool.block_size)
+        if need > pool.num_blocks:
+            raise ConfigError(
+                f"request {r.request_id!r} needs {need} KV blocks ({r.prompt_tokens} + "
+                f"{r.output_tokens} tokens); engine {self.rank} has {pool.num_blocks}"
+            )
+        req = EngineRequest(r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens)
+        self.requests.append(req)
+        self.scheduler.add(req)
 
-    def next_arrival(self) -> float | None:
-        return self.live[self.next].arrival_s if self.next < len(self.live) else None
+    def counts_at(self, tau: float) -> tuple[int, int]:
+        """(waiting, running) after the last iteration ending by `tau` (non-decreasing)."""
+        while self._seen < len(self.trace) and self.trace[self._seen][0] <= tau:
+            self._seen += 1
+        if not self._seen:
+            return 0, 0
+        _, running, waiting, _ = self.trace[self._seen - 1]
+        return waiting, running
+
+    def record(self, t: float) -> None:
+        s = self.scheduler
+        self.trace.append((t, len(s.running), len(s.waiting), s.pool.used_blocks))
 
     def result(self) -> EngineReplay:
-        return EngineReplay(self.rank, self.live, self.iterations, self.busy_s, self.trace)
+        return EngineReplay(
+            self.rank, self.requests, self.iterations, self.busy_s, self.trace, self.dummies
+        )
 
 
-def replay_group(
-    engines: Sequence[tuple[int, Sequence[ReplayRequest], StepScheduler]],
-    price: Callable[[ScheduledBatch, float], float],
+class _Group:
+    """Ranks that iterate together (one rank: an ordinary engine)."""
+
+    def __init__(self, ranks: list[_Rank], price: Price, group_price: GroupPrice | None):
+        self.ranks, self.price, self.group_price = ranks, price, group_price
+        self.event: float | None = None  # end of the iteration in flight, or a wake-up
+        self.batches: list[ScheduledBatch | None] | None = None
+        self.dt = 0.0
+        self.steps = 0  # vLLM's step_counter of the DP loop
+
+    def wake(self, t: float) -> None:
+        if self.event is None:
+            self.event = t
+
+    def step(self) -> None:
+        """Finish the iteration ending now (if any) and start the next (or go idle)."""
+        t = self.event
+        assert t is not None
+        if self.batches is not None:
+            for rank, batch in zip(self.ranks, self.batches, strict=True):
+                if batch is None:
+                    rank.dummies += 1
+                else:
+                    rank.iterations += 1
+                    rank.busy_s += self.dt
+                    rank.scheduler.finish(batch, t)
+                rank.record(t)
+            self.steps += 1
+        busy = [not r.scheduler.idle for r in self.ranks]
+        lockstep = self.group_price is not None
+        if not any(busy) and (not lockstep or self.steps % FINISH_SYNC_STEPS == 0):
+            self.event, self.batches, self.steps = None, None, 0
+            return
+        self.batches = [
+            r.scheduler.schedule() if b else None for r, b in zip(self.ranks, busy, strict=True)
+        ]
+        for rank, batch in zip(self.ranks, self.batches, strict=True):
+            if batch is not None and not batch.entries:  # cannot happen: capacity checked
+                raise RuntimeError(f"engine {rank.rank}: nothing schedulable at t={t:.3f}s")
+        if self.group_price is not None:
+            self.dt = self.group_price(self.batches)
+        else:
+            (batch,) = self.batches
+            assert batch is not None
+            self.dt = self.price(batch, float(batch.num_tokens))
+        self.event = t + self.dt
+
+
+def replay_ranks(
+    ranks: Sequence[tuple[int, StepScheduler]],
+    requests: Sequence[ReplayRequest],
+    price: Price,
+    group_price: GroupPrice | None = None,
 ) -> list[EngineReplay]:
-    """Run engines that step together until every request has finished.
-
-    Each iteration, every engine with work schedules its batch; the iteration takes the
-    slowest batch's time, priced with `group_tokens` = all engines' tokens (the EP group's),
-    and ends for all of them at once: vLLM's DP ranks of an MoE model with expert
-    parallelism meet in every layer's all-to-all. One engine alone is an ordinary engine.
-    """
-    group = [_Engine(rank, reqs, sched) for rank, reqs, sched in engines]
-    arrivals = [a for e in group if (a := e.next_arrival()) is not None]
-    t = min(arrivals, default=0.0)
+    """Replay `requests` (any order) on the engines `ranks` until every one has finished:
+    in step, priced by `group_price`, when it is given, else independently by `price`
+    (a batch and its tokens). Requests without a rank go where `DPBalancer` sends them."""
+    states = [_Rank(rank, sched) for rank, sched in ranks]
+    if group_price is not None:
+        groups = [_Group(states, price, group_price)]
+    else:
+        groups = [_Group([s], price, None) for s in states]
+    group_of = {id(s): g for g in groups for s in g.ranks}
+    balancer = DPBalancer(len(states))
+    arrivals = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
+    i = 0
     while True:
-        for e in group:
-            e.admit_until(t)
-        active = [e for e in group if not e.scheduler.idle]
-        if not active:
-            pending = [a for e in group if (a := e.next_arrival()) is not None]
-            if not pending:
-                break
-            t = min(pending)
+        nxt, t_next = None, math.inf
+        for g in groups:
+            if g.event is not None and g.event < t_next:
+                nxt, t_next = g, g.event
+        if i < len(arrivals) and arrivals[i].arrival_s <= t_next:
+            r = arrivals[i]
+            i += 1
+            if r.engine is None:
+                rank = balancer.choose(r.arrival_s, lambda k, tau: states[k].counts_at(tau))
+            elif 0 <= r.engine < len(states):
+                rank = r.engine
+            else:
+                raise ConfigError(
+                    f"request {r.request_id!r} ran on engine {r.engine}; the engine settings "
+                    f"have data_parallel_size {len(states)}"
+                )
+            states[rank].add(r)
+            group_of[id(states[rank])].wake(r.arrival_s)
             continue
-        batches = [e.scheduler.schedule() for e in active]
-        for e, batch in zip(active, batches, strict=True):
-            if not batch.entries:  # cannot happen with the capacity check of _Engine
-                raise RuntimeError(f"engine {e.rank}: nothing schedulable at t={t:.3f}s")
-        tokens = float(sum(b.num_tokens for b in batches))
-        dt = max(price(b, tokens) for b in batches)
-        t += dt
-        for e, batch in zip(active, batches, strict=True):
-            e.busy_s += dt
-            e.iterations += 1
-            e.scheduler.finish(batch, t)
-            s = e.scheduler
-            e.trace.append((t, len(s.running), len(s.waiting), s.pool.used_blocks))
-    return [e.result() for e in group]
+        if nxt is None:
+            break
+        nxt.step()
+    return [s.result() for s in states]
 
 
 def replay_engine(
@@ -132,7 +225,8 @@ def replay_engine(
     price: Callable[[ScheduledBatch], float],
 ) -> EngineReplay:
     """Run one engine over `requests` (any order) until every one has finished."""
-    (out,) = replay_group([(engine, requests, scheduler)], lambda b, _tokens: price(b))
+    reqs = [r._replace(engine=0) for r in requests]
+    (out,) = replay_ranks([(engine, scheduler)], reqs, lambda b, _tokens: price(b))
     return out
 
 
@@ -148,6 +242,25 @@ def batch_pricer(
     return price
 
 
+def group_pricer(
+    pricer: IterationPricer, overhead: IterationOverhead | None = None, cuda_graph_tokens: int = 0
+) -> GroupPrice:
+    """Seconds of one step of DP ranks in step (`pricing.lockstep_time`); None: a dummy."""
+    over = overhead or NO_OVERHEAD
+
+    def price(batches: Sequence[ScheduledBatch | None]) -> float:
+        runs = [None if b is None else (b.prefill_chunks, b.decode_kv) for b in batches]
+        return lockstep_time(pricer, runs, over, cuda_graph_tokens)
+
+    return price
+
+
+def steps_together(settings: EngineSettings, pricer: IterationPricer) -> bool:
+    """Whether the DP ranks step together: an MoE model with expert parallelism."""
+    dp = settings.data_parallel_size
+    return dp > 1 and settings.expert_parallel_size > 1 and pricer.shape.is_moe
+
+
 def replay(
     requests: Sequence[ReplayRequest],
     settings: EngineSettings,
@@ -156,23 +269,8 @@ def replay(
     overhead: IterationOverhead | None = None,
 ) -> list[EngineReplay]:
     """Replay `requests` on `settings.data_parallel_size` engines of `kv_blocks` blocks each."""
-    dp = settings.data_parallel_size
-    by_engine: list[list[ReplayRequest]] = [[] for _ in range(dp)]
-    rr = 0
-    for r in sorted(requests, key=lambda r: (r.arrival_s, r.request_id)):
-        if r.engine is None:
-            by_engine[rr % dp].append(r)
-            rr += 1
-        elif not 0 <= r.engine < dp:
-            raise ConfigError(
-                f"request {r.request_id!r} ran on engine {r.engine}; the engine settings have "
-                f"data_parallel_size {dp}"
-            )
-        else:
-            by_engine[r.engine].append(r)
-    price = batch_pricer(pricer, overhead)
-    engines = []
-    for rank, reqs in enumerate(by_engine):
+    ranks = []
+    for rank in range(settings.data_parallel_size):
         sched = StepScheduler(
             BlockPool(
                 kv_blocks, settings.block_size, prefix_caching=settings.enable_prefix_caching
@@ -184,8 +282,10 @@ def replay(
             enable_chunked_prefill=settings.enable_chunked_prefill,
             mixed_prefill_decode=settings.mixed_prefill_decode,
         )
-        engines.append((rank, reqs, sched))
-    lockstep = dp > 1 and settings.expert_parallel_size > 1 and pricer.shape.is_moe
-    if lockstep:
-        return replay_group(engines, price)
-    return [replay_group([e], price)[0] for e in engines]
+        ranks.append((rank, sched))
+    together = None
+    if steps_together(settings, pricer):
+        together = group_pricer(pricer, overhead, settings.cuda_graph_max_batch or 0)
+    if settings.data_parallel_size == 1:
+        requests = [r._replace(engine=0) if r.engine is None else r for r in requests]
+    return replay_ranks(ranks, requests, batch_pricer(pricer, overhead), together)

@@ -58,3 +58,27 @@ def test_settings_round_trip_and_validate() -> None:
         EngineSettings(gpu_memory_utilization=1.5)
     with pytest.raises(ConfigError, match="tensor_parallel_size must be an integer >= 1"):
         EngineSettings(tensor_parallel_size=0)
+
+
+def test_an_ep_rank_holds_its_share_of_the_experts_and_the_rest_is_kv() -> None:
+    """Qwen3-30B-A3B on a 96 GiB GPU: under EP 2 a rank holds half of the 128 experts and
+    every attention and embedding weight; the experts it does not hold are KV room."""
+    from hardware_fixtures import QWEN_MOE
+
+    moe = ModelShape.load(QWEN_MOE)
+    one = EngineSettings(max_num_seqs=128, max_num_batched_tokens=2048, gpu_memory_bytes=96 * GIB)
+    ep2 = one.with_overrides(data_parallel_size=2, expert_parallel_size=2)
+    experts = moe.param_counts()["ep"] * moe.dtype_bytes
+    assert one.weight_bytes(moe) - ep2.weight_bytes(moe) == pytest.approx(experts / 2, abs=1)
+    a, b = one.kv_capacity(moe), ep2.kv_capacity(moe)
+    per_block = a.bytes_per_token * one.block_size
+    assert b.blocks - a.blocks == pytest.approx(experts / 2 / per_block, abs=1)
+    assert b.blocks > 1.9 * a.blocks  # the experts are most of the model's 57 GiB
+    # the estimate's range: a larger reserve or less usable memory, a smaller reserve
+    low, high = ep2.kv_blocks_range(moe)
+    assert low < b.blocks < high
+    # the RTX 4090 run's recorded blocks lie inside the range of its memory estimate
+    llama = ModelShape.load(LLAMA)
+    est = dataclasses.replace(RTX4090, num_gpu_blocks=None, gpu_memory_bytes=24 * GIB)
+    lo, hi = est.kv_blocks_range(llama)
+    assert lo <= 2588 <= est.kv_capacity(llama).blocks <= hi

@@ -107,3 +107,42 @@ def test_tensor_parallel_adds_all_reduces() -> None:
     assert c.communication == pytest.approx((2 * 64 + 1) * per)
     assert fast.time([(2048, 0)], []) < slow.time([(2048, 0)], [])
     assert np.isfinite(c.total)
+
+
+def test_an_ep_rank_prices_its_share_of_the_expert_token_pairs() -> None:
+    """moe.csv times one GPU with every expert, each token routed to top-8: under EP 2 a
+    rank computes half of the group's expert-token pairs over the experts it holds."""
+    shape = ModelShape.load(QWEN_MOE)
+    tables = OperatorTables.load(PMOE)
+    one = IterationPricer(tables, shape)
+    ep2 = IterationPricer(tables, shape, Parallelism(tp=1, dp=2, ep=2))
+    group = 256.0
+    local_experts = 64 * (1 - (1 - 8 / 128) ** group)
+    assert ep2.moe_time(128, group) == pytest.approx(one._moe(group / 2, local_experts))  # type: ignore[union-attr]
+    # half the pairs and half the weights to read: faster than one GPU over the group
+    assert ep2.moe_time(128, group) < one.moe_time(group)
+    skew = IterationPricer(tables, shape, Parallelism(tp=1, dp=2, ep=2, expert_load_skew=1.2))
+    assert skew.moe_time(128, group) > ep2.moe_time(128, group)
+
+
+def test_the_expert_exchange_grows_with_tokens_and_ep() -> None:
+    """Dispatch (all-gather of hidden states and router logits) and combine (reduce-scatter
+    of hidden states) per MoE layer: latency + (e-1)/e of the group's bytes over the link."""
+    shape = ModelShape.load(QWEN_MOE)
+    tables = OperatorTables.load(PMOE)
+
+    def ex(ep: int, tokens: float, gbps: float = 16.0) -> float:
+        par = Parallelism(tp=1, dp=ep, ep=ep, link_gbps=gbps, link_latency_s=20e-6)
+        return IterationPricer(tables, shape, par).expert_exchange_time(tokens)
+
+    assert ex(2, 1000) == pytest.approx(
+        2 * 20e-6 + 0.5 * 1000 * (2 * 2048 + 128) * 2 / 16e9
+    )  # Qwen3-30B-A3B: hidden 2048, 128 experts, bf16
+    assert ex(2, 100) < ex(2, 1000) < ex(2, 4000)
+    assert ex(2, 1000) < ex(4, 1000) < ex(8, 1000)  # a larger share crosses the link
+    assert ex(2, 1000, gbps=64) < ex(2, 1000)
+    assert ex(1, 1000) == 0.0  # no EP: nothing crosses
+    # the iteration carries one exchange per MoE layer
+    p = IterationPricer(tables, shape, Parallelism(tp=1, dp=2, ep=2, link_gbps=16.0))
+    c = p.cost([], [500] * 64, 128.0)
+    assert c.communication == pytest.approx(48 * p.expert_exchange_time(128.0))

@@ -107,6 +107,22 @@ def test_older_meta_without_kv_cache_or_hardware() -> None:
     assert run.hardware == "unknown" and run.config["clock"]["queue_lag_mean_s"] == pytest.approx(
         0.133, abs=0.001
     )
+    # no dp_rank per request: stored on rank 0, and the config says it is not the rank
+    assert run.config["dp_ranks"] == "not recorded"
+
+
+def test_recorded_dp_ranks_are_kept_and_said(tmp_path: Path) -> None:
+    d = tmp_path / "run"
+    shutil.copytree(RUNS / "rtxpro6000_qwen3_32b_vllm", d)
+    meta = json.loads((d / "meta.json").read_text())
+    meta["engine_kwargs"].update(tensor_parallel_size=1, data_parallel_size=2)
+    (d / "meta.json").write_text(json.dumps(meta))
+    lines = (d / "requests.jsonl").read_text().splitlines()
+    rows = [{**json.loads(x), "dp_rank": i % 2} for i, x in enumerate(lines)]
+    (d / "requests.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    run = read_vllm_bench(d)
+    assert run.config["dp_ranks"] == "recorded"
+    assert set(run.requests["prefill_node"]) == {0, 1}
 
 
 def _copy(tmp_path: Path) -> Path:

@@ -229,11 +229,19 @@ def test_dp_ranks_of_an_moe_model_with_ep_step_together() -> None:
     seen: list[float] = []
 
     class Moe:
-        shape = SimpleNamespace(is_moe=True)
+        shape = SimpleNamespace(is_moe=True, num_layers=1)
 
         def time(self, chunks: list[tuple[int, int]], decodes: list[int], group: float) -> float:
             seen.append(group)
             return 0.01 if chunks else 0.001  # a prefill chunk is slow, a decode fast
+
+        def cost(
+            self, chunks: list[tuple[int, int]], decodes: list[int], group: float, _pad: object
+        ) -> object:
+            return SimpleNamespace(total=self.time(chunks, decodes, group))
+
+        def outside_layers_time(self, tokens: float, seqs: float) -> float:
+            return 0.0
 
     reqs = [ReplayRequest("long", 0.0, 4096, 2, 0), ReplayRequest("short", 0.0, 8, 10, 1)]
     done = {}
@@ -249,6 +257,11 @@ def test_dp_ranks_of_an_moe_model_with_ep_step_together() -> None:
     assert done[2]["short"] == pytest.approx(0.01 + 0.01 + 8 * 0.001)
     assert done[2]["long"] == pytest.approx(done[1]["long"])
     assert 2048 + 8 in seen  # the EP group's tokens price the MoE layers
+    # in step, the rank whose request finished runs vLLM's dummy batch (one token) beside
+    # the other's decodes, and keeps stepping until the every-32-steps finish check
+    e0, e1 = replay(reqs, eng, 1000, Moe())  # type: ignore[arg-type]
+    assert e0.dummy_iterations > 0 and e1.dummy_iterations > 0 and 1 + 1 in seen
+    assert (e0.num_iterations + e0.dummy_iterations) % 32 == 0
 
 
 def test_prefill_first_runs_prefill_alone_then_decodes() -> None:
