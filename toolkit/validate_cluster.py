@@ -2,8 +2,10 @@
 
 The run's requests replay on the cluster twin (toolkit.twin_lss); its series
 (toolkit.validate_series) and request times are compared with the imported references:
-- throughput series: `span_s` (end of the last tick with output; its interval spans the
-  real run's 1 s tick resolution, the twin's exact last token inside it),
+- throughput series: `span_s` (end of the last tick with output, the twin's ticks counted
+  as LLMServingSim counts its own: tick k holds (k-1, k] after the first arrival; the real
+  run's ticks are vLLM's 1 s log lines, whose phase to the first arrival is unknown, so its
+  last token lies in (k-2, k]: the interval puts the twin's exact last token against that),
   `throughput_tick_mape`, and, without a latency table, `throughput_tok_s` (tokens over span);
 - latency table: `throughput_tok_s`, `ttft_mean_s`, `tpot_mean_s`, `e2e_mean_s` against the
   `vLLM` row, peers' rows the same way; intervals from toolkit.twin_metrics.compare with the
@@ -128,8 +130,9 @@ def _throughput_rows(
         frames.append(_frame(np.arange(len(v)), "throughput_tok_s", None, src, v))
     k_real, k_twin = span_ticks(real), span_ticks(twin)
     rows = []
-    if k_real > 1:
-        lo, hi = last / k_real - 1.0, last / (k_real - 1) - 1.0
+    if k_real > 2:
+        # the real run's last token lies in (k-2, k]: its 1 s logger runs at an unknown phase
+        lo, hi = last / k_real - 1.0, last / (k_real - 2) - 1.0
         rows.append(make_row(
             run, "span_s", float(k_real), float(k_twin), k_twin / k_real - 1.0, (lo, hi),
             {p: span_ticks(v) / k_real - 1.0 for p, v in peers.items()},
@@ -139,10 +142,10 @@ def _throughput_rows(
         tick_mape(real, twin), block_interval(tick_mape, real, twin, **kw),
         {p: tick_mape(real, v) for p, v in peers.items()}, "fraction",
     ))  # fmt: skip
-    if with_rate and k_real > 1:
+    if with_rate and k_real > 2:
         r_rate, t_rate = real.sum() / k_real, twin.sum() / max(k_twin, 1)
         exact = twin.sum() / last
-        ci = (exact / (real.sum() / (k_real - 1)) - 1.0, exact / r_rate - 1.0)
+        ci = (exact / (real.sum() / (k_real - 2)) - 1.0, exact / r_rate - 1.0)
         rows.append(make_row(
             run, "throughput_tok_s", r_rate, t_rate, t_rate / r_rate - 1.0, ci,
             {p: (v.sum() / max(span_ticks(v), 1)) / r_rate - 1.0 for p, v in peers.items()},

@@ -94,16 +94,25 @@ def _profiles(
             if spec.link_latency_s is not None
             else Parallelism.link_latency_s,
         )
-        try:
-            prof = build_profile(
-                folder, shapes[inst.model], tp=inst.tp, profiled_tp=measured, parallel=par,
-                hardware=inst.hardware, name=f"{inst.model}-{inst.hardware}-tp{inst.tp}",
-                memory_gbps=inst.memory_gbps,
-            )  # fmt: skip
-        except (FitError, ValueError) as exc:  # ConfigError and ProfileError are ValueErrors
-            raise ConfigError(f"profile {folder}: {exc}") from None
-        out[key] = (prof, str(folder))
+        stamp = tuple(sorted((f.name, f.stat().st_mtime_ns) for f in folder.iterdir()))
+        memo = (str(folder.resolve()), stamp, shapes[inst.model], inst.tp, measured, par,
+                inst.memory_gbps, inst.hardware)  # fmt: skip
+        if memo not in _BUILT:
+            try:
+                _BUILT[memo] = build_profile(
+                    folder, shapes[inst.model], tp=inst.tp, profiled_tp=measured, parallel=par,
+                    hardware=inst.hardware, name=f"{inst.model}-{inst.hardware}-tp{inst.tp}",
+                    memory_gbps=inst.memory_gbps,
+                )  # fmt: skip
+            except (FitError, ValueError) as exc:  # ConfigError, ProfileError are ValueErrors
+                raise ConfigError(f"profile {folder}: {exc}") from None
+        out[key] = (_BUILT[memo], str(folder))
     return out
+
+
+# Profiles built in this process, by folder (and its files' times) and settings: importing
+# several setups of one artifact fits each profile once.
+_BUILT: dict[tuple[Any, ...], OperatorProfile] = {}
 
 
 def _engines(
