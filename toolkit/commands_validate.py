@@ -94,9 +94,14 @@ def print_table(table: Any) -> None:
     console.print(t)
     for run, why in table.skipped:
         console.print(f"[yellow]skipped {run}: {why}[/yellow]")
+    lists = [set(n) for n in table.notes.values() if n]
+    common = set.intersection(*lists) if len(lists) > 1 else set()
+    for n in sorted(common):
+        console.print(f"[dim]every run: {n}[/dim]")
     for run, notes in table.notes.items():
-        for n in notes:
-            console.print(f"[dim]{run}: {n}[/dim]")
+        own = [n for n in notes if n not in common]
+        if own:
+            console.print(f"[dim]{run}: {'; '.join(own)}[/dim]")
 
 
 def validate_command(

@@ -368,14 +368,8 @@ def profile_layout(directory: Path, layout: str = "auto") -> str:
         raise ConfigError(f"profile layout {layout!r} is not one of {', '.join(LAYOUTS)}")
     if layout != "auto":
         return layout
-    if is_layers_layout(directory):
-        return "layers"
-    if (directory / "dense.csv").is_file() or not directory.is_dir():
-        return "dense"
-    raise ConfigError(
-        f"{directory}: neither dense.csv (+ per_sequence.csv, attention.csv) nor layers.csv "
-        "(+ attention.csv): not an operator profile folder"
-    )
+    # without layers.csv the dense loader names what is missing (dense.csv first)
+    return "layers" if is_layers_layout(directory) else "dense"
 
 
 def chosen_form(profile: OperatorProfile, phase: Phase) -> Form:
