@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from telemetry.schema_imported import imported_tables
+
 SCHEMA_VERSION = 1
 META_TABLE = "pdlab_meta"
 FINALIZED_TABLE = "pdlab_live_finalized"
@@ -449,6 +451,8 @@ TABLES: dict[str, tuple[Column, ...]] = {
         ),
     ),
 }
+# Imported real runs and their references (telemetry.schema_imported).
+TABLES.update(imported_tables(_c, RUN_ID))
 
 # Columns whose values must be finite (no NaN/inf) when present.
 FLOAT_TYPES = ("DOUBLE",)

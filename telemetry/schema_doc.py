@@ -37,6 +37,17 @@ TABLE_DOCS: dict[str, str] = {
     "router_decisions": "One row per routing decision (Alg. E.3's inner loop).",
     "model_fits": "One row per node and phase fitted by `pdlab fit` (Eq. 1, Eq. 2).",
     "programs": "One row per finished agent program (paper 003 §3.1).",
+    "cluster_instances": "One row per engine instance of an imported cluster run "
+    "(`pdlab import lss-run`): what it serves, on what, and its memory, links and prefix tiers.",
+    "request_tokens": "One row per request of an imported run whose token ids are known "
+    "(prefix caching replays hash them into vLLM's 16-token blocks).",
+    "operator_profiles": "One row per operator profile an import read (per model, GPU and "
+    "TP), as the document `pdlab profile import` writes.",
+    "reference_series": "One row per tick of a measured or simulated series of an imported "
+    "run (generation throughput, GPU memory, prefix hits), the real run's and its peers' "
+    "(`pdlab validate` compares the twin with them).",
+    "reference_latency": "One row per framework of an imported run's mean-latency table: the "
+    "real run's ('vLLM') and simulators' figures for it.",
 }
 
 _INTRO = """\

@@ -1,10 +1,12 @@
-"""`pdlab import vllm-bench DIR` and `pdlab import sglang-bench FILE` (SPEC §9).
+"""`pdlab import vllm-bench DIR`, `sglang-bench FILE` and `lss-run` (SPEC §9).
 
 A recorded serving run goes into the documented tables (toolkit.importers) in one
 transaction, with the engine settings in the run's config; the command then prints the
 run's measured TTFT, TPOT and E2E (mean, P50, P90, P95, P99) and throughput, read back from
 the database (toolkit.queries.serving). Malformed files are a clean error naming the file,
-line and field (exit code 2), and the database is left as it was.
+line and field (exit code 2), and the database is left as it was. `lss-run` imports a real
+run of a serving cluster described as LLMServingSim's artifact does (toolkit.importers.
+lss_run) and prints its instances, the engine settings assumed and the references stored.
 """
 
 from __future__ import annotations
@@ -138,3 +140,115 @@ def sglang_bench_command(
             as_json,
         )
     )
+
+
+@import_app.command("lss-run")
+def lss_run_command(
+    config: Path = typer.Option(..., "--config", help="LLMServingSim cluster config JSON."),
+    dataset: Path = typer.Option(..., "--dataset", help="Request file (JSONL, with token ids)."),
+    profiles: Path = typer.Option(
+        ...,
+        "--profiles",
+        help="Profiles folder: <GPU>/<org>/<model>/tp<N>/ or <org>/<model>/tp<N>/.",
+    ),
+    models: Path = typer.Option(..., "--models", help="HF configs folder: <org>/<model>.json."),
+    name: str = typer.Option(..., "--name", help="Run id to store it under."),
+    db: Path = typer.Option(..., "--db", help="DuckDB telemetry database (created if absent)."),
+    prefix_caching: bool = typer.Option(False, "--prefix-caching", help="GPU prefix caching on."),
+    prefix_storage: str | None = typer.Option(
+        None, "--prefix-storage", help="Second prefix tier: cpu (the node's CPU memory)."
+    ),
+    prefix_sharing: bool = typer.Option(
+        False, "--prefix-sharing", help="The instances share one CPU prefix pool."
+    ),
+    reference_throughput: Path | None = typer.Option(
+        None, "--reference-throughput", help="Real generation throughput per tick (TSV)."
+    ),
+    reference_latency: Path | None = typer.Option(
+        None,
+        "--reference-latency",
+        help="Mean latency table: framework, throughput_tok_s, "
+        "mean_ttft_ms, mean_tpot_ms (TSV; the vLLM row is the real run).",
+    ),
+    reference_prefix: list[Path] = typer.Option(
+        [],
+        "--reference-prefix",
+        help="Per-tick gpu_mem_mb and prefix_hit_pct of one instance "
+        "(repeat, config order), or a shared pool's shared_cpu_* file (TSV).",
+    ),
+    max_num_seqs: int | None = typer.Option(
+        None, "--max-num-seqs", help="Engine batch limit (default: vLLM's server default)."
+    ),
+    max_num_batched_tokens: int | None = typer.Option(
+        None, "--max-num-batched-tokens", help="Tokens per iteration (default: vLLM's)."
+    ),
+    gpu_memory_gib: float | None = typer.Option(
+        None, "--gpu-memory-gib", help="GPU memory per GPU (default: the config's npu_mem)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Import a real serving-cluster run described as LLMServingSim does (config, requests,
+    profiles, the measured series and the peers' figures)."""
+
+    def run() -> None:
+        from toolkit.importers import write_runs
+        from toolkit.importers.lss_run import read_lss_run
+
+        bench = read_lss_run(
+            config, dataset, profiles, models, name,
+            prefix_caching=prefix_caching, prefix_storage=prefix_storage,
+            prefix_sharing=prefix_sharing, reference_throughput=reference_throughput,
+            reference_latency=reference_latency, reference_prefix=list(reference_prefix),
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            gpu_memory_gib=gpu_memory_gib,
+        )  # fmt: skip
+        write_runs(db, [bench])
+        _report_lss(db, bench, as_json)
+
+    _guarded(run)
+
+
+def _report_lss(db: Path, bench: Any, as_json: bool) -> None:
+    cfg = bench.config
+    refs = bench.extra.get("reference_series", {})
+    kinds = sorted(
+        {f"{s}:{m}" for s, m in zip(refs.get("source", []), refs.get("metric", []), strict=True)}
+    )
+    lat = bench.extra.get("reference_latency", {}).get("framework", [])
+    info = {
+        "db": str(db),
+        "run_id": bench.run_id,
+        "requests": bench.num_requests,
+        "instances": [
+            {k: i[k] for k in ("model", "hardware", "tp", "role", "kv_blocks")}
+            | {k: i["engine"][k] for k in ("max_num_seqs", "max_num_batched_tokens")}
+            for i in cfg["instances"]
+        ],
+        "prefix_caching": cfg["prefix_caching"],
+        "prefix_pool": cfg["prefix_pool"],
+        "frontend": cfg["frontend"]["rule"],
+        "reference_series": kinds,
+        "reference_latency": lat,
+        "assumptions": cfg["assumptions"],
+    }
+    if as_json:
+        typer.echo(json.dumps(info))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"run {bench.run_id}: {bench.num_requests} requests into {db}")
+    for col in ("instance", "model", "GPU", "TP", "role", "KV blocks", "max seqs", "tokens/iter"):
+        t.add_column(col)
+    for n, i in enumerate(info["instances"]):
+        t.add_row(str(n), i["model"], i["hardware"], str(i["tp"]), i["role"], str(i["kv_blocks"]),
+                  str(i["max_num_seqs"]), str(i["max_num_batched_tokens"]))  # fmt: skip
+    console = Console()
+    console.print(t)
+    console.print(
+        f"prefix caching {'on' if info['prefix_caching'] else 'off'}, pool {info['prefix_pool']}, "
+        f"front end {info['frontend']}; references: {', '.join(kinds) or 'none'}"
+        + (f"; latency rows: {', '.join(lat)}" if lat else "")
+    )
+    for a in info["assumptions"]:
+        console.print(f"[dim]assumed: {a}[/dim]")

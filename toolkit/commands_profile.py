@@ -1,6 +1,8 @@
 """`pdlab profile import DIR --model-config CONFIG.json [--tp N] -o PROFILE.json` (SPEC §9).
 
-An LLMServingSim operator profile plus the model's HF config become a pdlab profile
+An LLMServingSim operator profile (its dense.csv layout, or the layers.csv + attention.csv
+layout of its ispass26 artifact; `--format`, detected by default) plus the model's HF config
+become a pdlab profile
 (cluster.hardware.operator_profile): iteration times over the measured grid, each phase's
 model forms fitted and chosen by cross-validation, KV bytes per token and weight bytes,
 and the operator tables for exact pricing. The file works as `--profile` wherever a
@@ -100,7 +102,16 @@ def _print(info: dict[str, Any]) -> None:
 def import_command(
     directory: Path = typer.Argument(
         ...,
-        help="LLMServingSim profile directory (dense.csv, per_sequence.csv, attention.csv[, moe.csv]).",
+        help="LLMServingSim profile directory: dense.csv, per_sequence.csv, attention.csv[, "
+        "moe.csv], or layers.csv + attention.csv (the ispass26 layout).",
+    ),
+    layout: str = typer.Option(
+        "auto", "--format", help="Profile layout: auto (detected), dense or layers."
+    ),
+    memory_gbps: float | None = typer.Option(
+        None,
+        "--memory-gbps",
+        help="GPU memory bandwidth, GB/s: attention never reads its KV faster (default: no floor).",
     ),
     model_config: Path = typer.Option(
         ..., "--model-config", help="The model's Hugging Face config.json."
@@ -155,6 +166,10 @@ def import_command(
     src = directory
     if profiled_tp is None and (directory / f"tp{tp}").is_dir() and tp != 1:
         src = directory / f"tp{tp}"  # the bundle measured at the served TP
+    elif (
+        profiled_tp is None and not directory.name.startswith("tp") and (directory / "tp1").is_dir()
+    ):
+        src = directory / "tp1"  # a model folder of the layers layout: scale its TP 1 bundle
     try:
         shape = ModelShape.load(model_config)
         engine = None
@@ -172,7 +187,7 @@ def import_command(
         par = Parallelism(tp, dp, ep, link_gbps, link_latency_us * 1e-6, expert_load_skew)
         profile = build_profile(
             src, shape, tp=tp, profiled_tp=profiled_tp, parallel=par, engine=engine,
-            hardware=hardware, name=name,
+            hardware=hardware, name=name, layout=layout, memory_gbps=memory_gbps,
         )  # fmt: skip
     except (ConfigError, FitError, ValueError) as exc:
         _fail(str(exc))

@@ -166,7 +166,7 @@ def _pricer_for(
     )
     if new == par:
         return pricer, link
-    return IterationPricer(pricer.tables, pricer.shape, new), link
+    return IterationPricer(pricer.tables, pricer.shape, new, pricer.memory_gbps), link
 
 
 def engine_settings(source: Source, run_id: str | None = None) -> EngineSettings | None:

@@ -183,6 +183,15 @@ class EngineSettings:
         return low, high
 
 
+def vllm_server_defaults(gpu_memory_bytes: int, device_name: str = "") -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) vLLM V1's OpenAI server takes when not given
+    (vllm/engine/arg_utils.py EngineArgs, v0.9-v0.13): 1024 and 8192 on GPUs of >= 70 GiB
+    that are not A100s, else 256 and 2048."""
+    if gpu_memory_bytes >= 70 * GIB and "a100" not in device_name.lower():
+        return 1024, 8192
+    return 256, 2048
+
+
 class KvCapacity(NamedTuple):
     """KV tokens and blocks of one engine, bytes per token per rank, and where it came from."""
 

@@ -1,5 +1,9 @@
 """A pdlab profile from an operator profile and a model config (`pdlab profile import`).
 
+Two folder layouts of LLMServingSim are read: dense.csv + per_sequence.csv + attention.csv
+[+ moe.csv] (cluster.hardware.operator_tables) and layers.csv + attention.csv
+(cluster.hardware.layer_tables); both become the same operator tables, grid and fits.
+
 `build_profile` composes the iteration time of every point of the measured attention grid
 (cluster.hardware.pricer: layers x (dense ops + attention) + per-iteration ops, MoE, TP
 communication) whose tokens lie inside the measured dense grid, in three phases: pure
@@ -27,6 +31,7 @@ import numpy.typing as npt
 
 from cluster.core import ConfigError
 from cluster.hardware.engine import EngineSettings
+from cluster.hardware.layer_tables import is_layers_layout, load_layer_tables
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_tables import OperatorTables
 from cluster.hardware.pricer import IterationPricer, Parallelism
@@ -93,10 +98,11 @@ class OperatorProfile:
     engine: EngineSettings | None = None
     kv_tokens: int | None = None
     notes: tuple[str, ...] = ()
+    memory_gbps: float | None = None  # GPU memory bandwidth (the pricer's attention floor)
     pricer: IterationPricer = field(init=False)
 
     def __post_init__(self) -> None:
-        self.pricer = IterationPricer(self.tables, self.shape, self.parallel)
+        self.pricer = IterationPricer(self.tables, self.shape, self.parallel, self.memory_gbps)
 
     def to_json(self) -> dict[str, Any]:
         p = self.parallel
@@ -130,6 +136,7 @@ class OperatorProfile:
                 for ph, f in self.fits.items()
             },
             "notes": list(self.notes),
+            "memory_gbps": self.memory_gbps,
             "tables": self.tables.to_json(),
         }
 
@@ -171,6 +178,7 @@ class OperatorProfile:
                 engine=None if engine is None else EngineSettings.from_json(engine),
                 kv_tokens=doc.get("kv_tokens"),
                 notes=tuple(doc.get("notes", ())),
+                memory_gbps=doc.get("memory_gbps"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"{source}: malformed {FORMAT} document ({exc!r})") from None
@@ -284,25 +292,37 @@ def build_profile(
     engine: EngineSettings | None = None,
     hardware: str = "",
     name: str | None = None,
+    layout: str = "auto",
+    memory_gbps: float | None = None,
 ) -> OperatorProfile:
     """Load an LLMServingSim bundle, compose its grid and fit every phase's forms.
 
     `profiled_tp` is the TP the bundle was measured at (default: the `tp<N>` in the
     directory name, else 1); a TP 1 bundle is scaled to `tp` (operator_tables docstring).
+    `layout` is "dense" (dense.csv, per_sequence.csv, attention.csv[, moe.csv]), "layers"
+    (layers.csv + attention.csv, cluster.hardware.layer_tables) or "auto" (detected).
     """
     d = Path(directory)
     if profiled_tp is None:
         profiled_tp = int(d.name[2:]) if d.name.startswith("tp") and d.name[2:].isdigit() else 1
-    tables = OperatorTables.load(d, profiled_tp=profiled_tp, tp=tp)
+    layout = profile_layout(d, layout)
+    if layout == "layers":
+        tables = load_layer_tables(d, shape, profiled_tp=profiled_tp, tp=tp)
+        need, where = ("q_proj", "o_proj"), "layers.csv"
+    else:
+        tables = OperatorTables.load(d, profiled_tp=profiled_tp, tp=tp)
+        need, where = ("qkv_proj", "o_proj"), "dense.csv"
     par = parallel or Parallelism(tp=tp)
     if par.tp != tp:
         raise ConfigError(f"parallelism tp={par.tp} differs from tp={tp}")
-    missing = [op for op in ("qkv_proj", "o_proj") if op not in tables.ops]
+    missing = [op for op in need if op not in tables.ops]
     if missing:
         raise ConfigError(
-            f"{d}: dense.csv has no {', '.join(missing)} rows: not a decoder-layer profile"
+            f"{d}: {where} has no {', '.join(missing)} rows: not a decoder-layer profile"
         )
-    pricer = IterationPricer(tables, shape, par)
+    if memory_gbps is not None and memory_gbps <= 0:
+        raise ConfigError(f"memory bandwidth must be > 0 GB/s, got {memory_gbps}")
+    pricer = IterationPricer(tables, shape, par, memory_gbps)
     notes = [
         f"measured at TP {profiled_tp}" + (f", scaled to TP {tp}" if tp != profiled_tp else ""),
         "no CUDA graphs, no CPU scheduling time in the operator times (eager profiling)",
@@ -335,7 +355,21 @@ def build_profile(
         engine=engine,
         kv_tokens=kv_tokens,
         notes=tuple(notes),
+        memory_gbps=memory_gbps,
     )
+
+
+LAYOUTS = ("auto", "dense", "layers")
+
+
+def profile_layout(directory: Path, layout: str = "auto") -> str:
+    """ "dense" or "layers": the given layout, or the one the folder's files show."""
+    if layout not in LAYOUTS:
+        raise ConfigError(f"profile layout {layout!r} is not one of {', '.join(LAYOUTS)}")
+    if layout != "auto":
+        return layout
+    # without layers.csv the dense loader names what is missing (dense.csv first)
+    return "layers" if is_layers_layout(directory) else "dense"
 
 
 def chosen_form(profile: OperatorProfile, phase: Phase) -> Form:

@@ -21,6 +21,11 @@ decodes (sequences that reach lm_head):
   E/e experts, T*k/e of them times `expert_load_skew` (the busiest rank's pairs over the
   mean; 1 = balanced routing), so it is priced as the profile's T/e * skew tokens over the
   (E/e)*(1-(1-k/E)^T) = (E/e)*phi(T) distinct local experts the group's tokens touch.
+- memory floor (with `memory_gbps`): one layer's attention reads the KV of every decode's
+  context and every chunk's (cached plus new tokens); it takes at least those bytes over the
+  GPU's memory bandwidth. Profiles whose batched-decode attention was measured over shared
+  KV blocks (LLMServingSim's A6000 tables: 128 decodes of 2,560 tokens in 106 us, 12.6 TB/s
+  on a 768 GB/s GPU) are held to it.
 - communication (no profile measures it): per TP all-reduce of N*hidden*dtype bytes, two
   per layer (after o_proj and the MLP/MoE) and one for the vocab-parallel embedding,
   latency + 2(t-1)/t * bytes / bandwidth; under EP per MoE layer a dispatch (all-gather of
@@ -71,9 +76,23 @@ class _Row(NamedTuple):
 
 
 class AttentionGrid:
-    """The 4-D attention table: exact at measured points, linear per axis between them."""
+    """The 4-D attention table: exact at measured points, linear per axis between them.
+
+    A table without mixed calls (no row with both a prefill chunk and decodes, as the
+    layers.csv layout measures them) prices a mixed call as its prefill call plus its
+    decode call less one launch floor (vLLM's FlashAttention backend runs a mixed batch as
+    one varlen call), each from its own grid.
+    """
 
     def __init__(self, rows: np.ndarray) -> None:
+        pre, dec = rows[:, 2] == 0, rows[:, 0] == 0
+        self._split: tuple[AttentionGrid, AttentionGrid, float] | None = None
+        if pre.any() and dec.any() and not (~pre & ~dec).any():
+            self._split = (
+                AttentionGrid(rows[pre]),
+                AttentionGrid(rows[dec]),
+                float(rows[:, 4].min()),
+            )
         grouped: dict[tuple[float, float], dict[float, dict[float, float]]] = {}
         self.points: dict[tuple[float, float, float, float], float] = {}
         for pc, kp, nd, kd, s in rows.tolist():
@@ -102,6 +121,13 @@ class AttentionGrid:
         return v0 if lo == hi else v0 + t * (rows[hi].at(kd) - v0)
 
     def __call__(self, pc: float, kp: float, nd: float, kd: float) -> float:
+        if self._split is not None:
+            pre, dec, floor = self._split
+            if nd <= 0:
+                return pre(pc, kp, 0.0, 0.0)
+            if pc <= 0:
+                return dec(0.0, 0.0, nd, kd)
+            return max(pre(pc, kp, 0.0, 0.0) + dec(0.0, 0.0, nd, kd) - floor, 0.0)
         exact = self.points.get((pc, kp, nd, kd))
         if exact is not None:
             return exact
@@ -169,6 +195,8 @@ class IterationPricer:
     tables: OperatorTables
     shape: ModelShape
     parallel: Parallelism = field(default_factory=Parallelism)
+    # GPU memory bandwidth, GB/s: attention never reads its KV faster (None: no floor)
+    memory_gbps: float | None = None
 
     def __post_init__(self) -> None:
         self._attention = AttentionGrid(self.tables.attention)
@@ -181,6 +209,9 @@ class IterationPricer:
             for tab in (t.dense_layer, t.dense_iter, t.per_seq)
         )
         self._dense_layers = self.shape.num_layers - self.shape.num_moe_layers
+        self._kv_layer_bytes = (
+            self.shape.kv_bytes_per_token(self.parallel.tp) / self.shape.num_layers
+        )
         if self.shape.is_moe:
             # The MoE bundles profile attention-side ops only in dense.csv (the MLP is the
             # MoE block), so every layer charges dense_layer; MoE layers add the block.
@@ -199,6 +230,9 @@ class IterationPricer:
         t = self._attention(pc, kp, float(nd), kd)
         for u, c in chunks[1:]:
             t += max(self._attention(u, c, 0.0, 0.0) - self._attention.prefill_floor, 0.0)
+        if self.memory_gbps:
+            read = float(sum(decode_kv)) + sum(u + c for u, c in chunks)
+            t = max(t, read * self._kv_layer_bytes / (self.memory_gbps * 1e9))
         return t
 
     def moe_time(self, tokens: float, group_tokens: float | None = None) -> float:

@@ -1,7 +1,7 @@
 """Every notebook runs headless (nbclient) at its "quick" size; any error fails.
 
 The tests set PDLAB_QUICK=1 (each notebook's `run_size` then picks its quick configuration).
-01, 02, 03, 05 and 06 own their data: each writes `.data/<notebook>.duckdb` next to itself (02 also
+01, 02, 03, 05, 06 and 07 own their data: each writes `.data/<notebook>.duckdb` next to itself (02 also
 copies the bundled torch-cluster run to `.data/02_torch_sample.duckdb`) and
 never touches the live server's database, even when `PDLAB_DB` and `PDLAB_URL` are set as
 `pdlab lab` sets them (checked here with a database holding another run). 04 starts its own
@@ -74,8 +74,8 @@ def execute(name: str, workdir: Path, monkeypatch: pytest.MonkeyPatch, **env: st
     return texts
 
 
-def test_there_are_six_notebooks() -> None:
-    assert [n[:3] for n in NAMES] == ["01_", "02_", "03_", "04_", "05_", "06_"], NAMES
+def test_there_are_seven_notebooks() -> None:
+    assert [n[:3] for n in NAMES] == ["01_", "02_", "03_", "04_", "05_", "06_", "07_"], NAMES
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -188,3 +188,18 @@ def test_06_twin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lab_env: dict[
     assert text.count("application/vnd.plotly.v1+json") == 3
     runs = open_reader(own_db(tmp_path, "06_twin.ipynb")).runs()
     assert runs["source"].to_list() == ["vllm-bench", "twin"]
+
+
+def test_07_validation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lab_env: dict[str, str]
+) -> None:
+    out = execute("07_validation.ipynb", tmp_path, monkeypatch, **lab_env)
+    untouched(lab_env)
+    text = "\n".join(out)
+    assert "imported 2 real runs into .data/07_validation.duckdb" in text
+    for metric in ("span_s", "throughput_tick_mape", "prefix_hit_tick_mae", "kv_mem_tick_wape"):
+        assert metric in text
+    assert "peer:LLMServingSim" in text  # the peer's errors beside the twin's
+    assert text.count("application/vnd.plotly.v1+json") == 2  # one figure per run
+    runs = open_reader(own_db(tmp_path, "07_validation.ipynb")).runs()
+    assert sorted(runs["run_id"].to_list()) == ["a6000-fig5-MD", "a6000-fig7-MD-PC-PS"]

@@ -55,6 +55,8 @@ class BenchRun:
     moe_top_k: int = 0
     moe_experts: int = 0
     requests: dict[str, list[Any]] = field(default_factory=lambda: {c: [] for c in REQUEST_COLUMNS})
+    # rows of further tables (columns by name), e.g. reference_series of an imported run
+    extra: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
 
     def add_request(self, **row: Any) -> None:
         for c in REQUEST_COLUMNS:
@@ -89,7 +91,10 @@ class BenchRun:
         )
         check_new_nodes(nodes, ())
         requests = validate_batch("requests", self.requests, self.run_id, set(range(n)))
-        return {"runs": runs, "nodes": nodes, "requests": requests}
+        out = {"runs": runs, "nodes": nodes, "requests": requests}
+        for table, cols in self.extra.items():
+            out[table] = validate_batch(table, cols, self.run_id, set(range(n)))
+        return out
 
 
 def write_runs(db_path: str | Path, runs: Sequence[BenchRun]) -> list[str]:
@@ -109,9 +114,9 @@ def write_runs(db_path: str | Path, runs: Sequence[BenchRun]) -> list[str]:
                     f"run {rid!r} already exists in {db}; import it under another id (--run-id)"
                 )
         for b in batches:
-            for table in ("runs", "nodes", "requests"):
-                if b[table].num_rows:
-                    store.insert(con, table, b[table])
+            for table, rows in b.items():
+                if rows.num_rows:
+                    store.insert(con, table, rows)
     return ids
 
 

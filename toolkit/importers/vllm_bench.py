@@ -20,6 +20,10 @@ rank is its `dp_rank` field when recorded, else 0 (the config's "dp_ranks" says 
 nodes' MoE shape comes from `--model-config` (dense when absent unless vLLM says the model
 is MoE: then it is required).
 
+An optional `llmservingsim_validation.txt` (LLMServingSim's own summary of its replay of the
+run: mean TTFT, TPOT and latency, vLLM and Sim, ms) goes into `reference_latency`, the peer's
+figures `pdlab validate` shows.
+
 An optional `cluster_config.json` (LLMServingSim's description of the machine the run
 used) adds the interconnect between an engine's GPUs, `link_bw` (GB/s) and `link_latency`
 (ns), to the config's "interconnect" (what TP/EP collectives cost: the twin prices them
@@ -158,6 +162,32 @@ def _cluster(path: Path) -> tuple[dict[str, Any] | None, float | None]:
         if isinstance(size, int | float) and not isinstance(size, bool) and size > 0:
             gib = float(size)
     return link, gib
+
+
+def _peer_means(path: Path) -> dict[str, list[Any]] | None:
+    """reference_latency rows of LLMServingSim's own validation summary of the run (its
+    `Metric / vLLM / Sim / Diff%` table, ms), when the directory has one."""
+    if not path.is_file():
+        return None
+    want = {"TTFT Mean": "ttft_mean_s", "TPOT Mean": "tpot_mean_s", "Latency Mean": "e2e_mean_s"}
+    got: dict[str, tuple[float, float]] = {}
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        for label, col in want.items():
+            if line.startswith(label):
+                parts = line[len(label) :].split()
+                try:
+                    got[col] = (float(parts[0]) / 1e3, float(parts[1]) / 1e3)
+                except (IndexError, ValueError):
+                    raise ImportFileError(
+                        path, i, label, f"expected vLLM and Sim ms, got {line!r}"
+                    ) from None
+    if not got:
+        return None
+    rows: dict[str, list[Any]] = {"framework": ["vLLM", "LLMServingSim"], "is_real": [True, False]}
+    rows["throughput_tok_s"] = [None, None]
+    for col in want.values():
+        rows[col] = [got[col][0], got[col][1]] if col in got else [None, None]
+    return rows
 
 
 def _started_at(meta: Fields, first_send: float | None) -> datetime:
@@ -331,4 +361,7 @@ def read_vllm_bench(
             "e2e": "t_done - t_arrival",
         },
     }
+    peers = _peer_means(d / "llmservingsim_validation.txt")
+    if peers is not None:
+        run.extra["reference_latency"] = peers
     return run

@@ -25,6 +25,7 @@ from toolkit.plots.planner import planner_gains
 from toolkit.plots.reuse import lost_kv_reuse
 from toolkit.plots.split import pd_split
 from toolkit.plots.twin import twin_cdf, twin_scatter
+from toolkit.plots.validation import validation_series
 
 FIGURES: dict[str, Callable[..., go.Figure]] = {
     "split": pd_split,
@@ -62,4 +63,5 @@ __all__ = [
     "prefill_fit",
     "twin_cdf",
     "twin_scatter",
+    "validation_series",
 ]

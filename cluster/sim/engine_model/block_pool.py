@@ -78,6 +78,16 @@ class BlockPool:
         self.free_blocks += req.blocks
         req.blocks = 0
 
+    @property
+    def kv_blocks_in_use(self) -> int:
+        """Blocks held by requests (a preempted request's kept KV is free: evictable)."""
+        return self.used_blocks
+
+    def admission_cost(self, req: EngineRequest, hit: int, tokens: int) -> int:
+        """Free blocks an admission up to `tokens` takes; its `hit` cached blocks are free
+        blocks too (they leave the free queue when taken back)."""
+        return blocks_for(tokens, self.block_size)
+
     def cached_prefix_blocks(self, req: EngineRequest) -> int:
         """Blocks of `req`'s prefix still cached, leaving at least one token to compute."""
         return min(req.cached_blocks, (req.num_tokens - 1) // self.block_size)

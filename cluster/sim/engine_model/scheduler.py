@@ -23,9 +23,9 @@ The scheduler decides and allocates; `StepScheduler.finish` applies the iteratio
 from __future__ import annotations
 
 from collections import deque
-from typing import NamedTuple
+from typing import Any, NamedTuple, Protocol
 
-from cluster.sim.engine_model.block_pool import BlockPool, blocks_for
+from cluster.sim.engine_model.block_pool import BlockPool
 from cluster.sim.engine_model.sequence import EngineRequest
 
 
@@ -39,10 +39,12 @@ def tokens_granted(wanted: int, budget: int, long_prefill_token_threshold: int =
 
 
 class ScheduledBatch(NamedTuple):
-    """One iteration: (request, tokens computed) in batch order, and who was preempted."""
+    """One iteration: (request, tokens computed) in batch order, who was preempted, and the
+    seconds spent loading prefixes from a shared pool before the forward pass."""
 
     entries: list[tuple[EngineRequest, int]]
     preempted: list[EngineRequest]
+    load_s: float = 0.0
 
     @property
     def prefill_chunks(self) -> list[tuple[int, int]]:
@@ -59,6 +61,25 @@ class ScheduledBatch(NamedTuple):
         return sum(n for _, n in self.entries)
 
 
+class KVConnector(Protocol):
+    """A second KV tier (vLLM's KV connector, e.g. LMCache): prefix tokens it holds beyond
+    the engine's own cache, and the seconds loading them takes (shared_pool)."""
+
+    def lookup(self, req: EngineRequest, local_tokens: int) -> int: ...
+
+    def load_seconds(self, tokens: int) -> float: ...
+
+
+class PrefixStats:
+    """vLLM's prefix-cache counters: prompt tokens queried at admission, tokens found in the
+    engine's own cache, tokens found in the connector (external)."""
+
+    __slots__ = ("external_hits", "local_hits", "queries", "requests")
+
+    def __init__(self) -> None:
+        self.requests = self.queries = self.local_hits = self.external_hits = 0
+
+
 class StepScheduler:
     """Waiting queue, running set and KV blocks of one engine (module docstring)."""
 
@@ -72,6 +93,7 @@ class StepScheduler:
         reserve_full_prompt: bool = True,
         enable_chunked_prefill: bool = True,
         mixed_prefill_decode: bool = True,
+        connector: KVConnector | None = None,
     ) -> None:
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError(
@@ -85,8 +107,11 @@ class StepScheduler:
         self.reserve_full_prompt = reserve_full_prompt
         self.enable_chunked_prefill = enable_chunked_prefill
         self.mixed_prefill_decode = mixed_prefill_decode
+        self.connector = connector
+        self.stats = PrefixStats()
         self.waiting: deque[EngineRequest] = deque()
         self.running: list[EngineRequest] = []
+        self._load_s = 0.0
 
     def add(self, req: EngineRequest) -> None:
         self.waiting.append(req)
@@ -108,15 +133,16 @@ class StepScheduler:
     def schedule(self) -> ScheduledBatch:
         """The next iteration's batch (module docstring); empty only when idle."""
         budget = self.max_num_batched_tokens
+        self._load_s = 0.0
         if not self.mixed_prefill_decode:
             entries = self._continue_prefills(budget)
             self._admit(budget - sum(n for _, n in entries), entries)
             if entries:
-                return ScheduledBatch(entries, [])
+                return ScheduledBatch(entries, [], self._load_s)
         entries, preempted = self._schedule_running(budget)
         if not preempted and self.mixed_prefill_decode:
             self._admit(budget - sum(n for _, n in entries), entries)
-        return ScheduledBatch(entries, preempted)
+        return ScheduledBatch(entries, preempted, self._load_s)
 
     def _schedule_running(
         self, budget: int
@@ -155,26 +181,45 @@ class StepScheduler:
         return entries
 
     def _admit(self, budget: int, entries: list[tuple[EngineRequest, int]]) -> None:
-        """Waiting requests FCFS into `entries` while seats, budget and blocks last (step 2)."""
+        """Waiting requests FCFS into `entries` while seats, budget and blocks last (step 2).
+
+        A request starts from its cached prefix: blocks of this engine's cache
+        (`pool.cached_prefix_blocks`), then tokens whose KV arrives from elsewhere (a PD
+        peer's, already sent; or the connector's, loaded in this iteration)."""
+        pool: Any = self.pool
+        bs = pool.block_size
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
-            bs = self.pool.block_size
-            hit = self.pool.cached_prefix_blocks(req)
-            left = req.num_tokens - hit * bs
+            hit = pool.cached_prefix_blocks(req)
+            local = hit * bs
+            ext = max(min(req.remote_kv_tokens, req.num_tokens - 1) - local, 0)
+            from_connector = 0
+            if not ext and self.connector is not None:
+                from_connector = ext = self.connector.lookup(req, local)
+            start = local + ext
+            left = req.num_tokens - start
             if not self.enable_chunked_prefill and left > budget:
                 break
             n = tokens_granted(left, budget, self.long_prefill_token_threshold)
-            # the cached prefix's blocks are still counted free until taken back
-            free = self.pool.free_blocks
-            if self.reserve_full_prompt and blocks_for(req.num_tokens, bs) > free:
+            # cached blocks still in the free queue leave it when taken
+            free = pool.free_blocks
+            if self.reserve_full_prompt and pool.admission_cost(req, hit, req.num_tokens) > free:
                 break
-            if blocks_for(hit * bs + n, bs) > free:
+            if pool.admission_cost(req, hit, start + n) > free:
                 break
-            if req.cached_blocks:  # reuse the prefix; what is left is nobody's now
-                self.pool.take_cached(req, hit)
-                req.computed_tokens = hit * bs
-            if not self.pool.allocate(req, n):
+            if hit or req.cached_blocks:  # what is left of a preempted run is nobody's now
+                pool.take_cached(req, hit)
+            req.computed_tokens = start
+            if not pool.allocate(req, n):
                 raise AssertionError(f"{req.request_id}: allocation checked above failed")
+            if req.num_preemptions == 0:
+                self.stats.requests += 1
+                self.stats.queries += req.num_tokens
+                self.stats.local_hits += local
+                self.stats.external_hits += ext
+                req.local_hit_tokens, req.external_hit_tokens = local, ext
+            if from_connector and self.connector is not None:
+                self._load_s += self.connector.load_seconds(from_connector)
             self.waiting.popleft()
             self.running.append(req)
             entries.append((req, n))

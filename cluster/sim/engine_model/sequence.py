@@ -26,6 +26,16 @@ class EngineRequest:
     first_token_s: float | None = None
     done_s: float | None = None
     num_preemptions: int = 0
+    # Chained hashes of the full blocks of prompt + output token ids (prefix caching by
+    # content, prefix_pool); empty when the token ids are unknown.
+    block_hashes: tuple[int, ...] = ()
+    hashed_blocks: int = 0  # leading blocks of it whose hash the pool has registered
+    # Prompt tokens whose KV arrives from another engine before the first iteration (a PD
+    # split's prefill instance): they count as computed on admission, like vLLM's KV
+    # connector's external tokens.
+    remote_kv_tokens: int = 0
+    local_hit_tokens: int = 0  # prompt tokens found in this engine's prefix cache
+    external_hit_tokens: int = 0  # prompt tokens loaded from a shared pool or a PD peer
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1 or self.output_tokens < 1:

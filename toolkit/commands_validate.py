@@ -1,0 +1,143 @@
+"""`pdlab validate DB [--run NAME ...] [--profile RUN=PROFILE.json ...] [--json]` (issue 22).
+
+Every imported real run of DB (or the `--run`s) replays on the twin and is compared with
+what was measured (toolkit.validate.validate_runs): per metric the real value, the twin's,
+the error, its 95% interval, whether the interval contains 0, and each peer simulator's
+error on the same metric. Benchmark runs (`pdlab import vllm-bench`) need the operator
+profile they replay with (`--profile RUN=PROFILE.json`); cluster runs (`pdlab import
+lss-run`) carry theirs. `--json` prints {"rows": [...], "skipped": [...], "notes": {...}}.
+
+`pdlab validate silicon [CSV ...]` is another command sharing the name (issue 23): when the
+first argument is `silicon`, the rest go to `toolkit.validate_silicon.run_cli(args,
+as_json=...)`; until that module exists it is a clear error. Exit code 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import typer
+
+EXIT_INPUT = 2
+SILICON = "silicon"
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(EXIT_INPUT)
+
+
+def _silicon(args: list[str], as_json: bool) -> None:
+    try:
+        mod = importlib.import_module("toolkit.validate_silicon")
+    except ModuleNotFoundError as exc:
+        if exc.name != "toolkit.validate_silicon":
+            raise
+        _fail(
+            "`pdlab validate silicon` is not available yet (issue 23 adds it in "
+            "toolkit/validate_silicon.py); `pdlab validate DB` validates imported runs"
+        )
+        return
+    mod.run_cli(args, as_json=as_json)
+
+
+def _profiles(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        run, sep, path = item.partition("=")
+        if not sep or not run or not path:
+            _fail(f"--profile {item!r}: expected RUN=PROFILE.json")
+        if not Path(path).is_file():
+            _fail(f"--profile {item!r}: {path} is not a file")
+        out[run] = path
+    return out
+
+
+def _fmt(x: float | None, kind: str, *, signed: bool = True) -> str:
+    if x is None or not math.isfinite(x):
+        return "-"
+    if kind == "points":
+        return f"{x:.2f} pt"
+    return f"{100 * x:+.1f}%" if signed and kind == "relative" else f"{100 * x:.1f}%"
+
+
+def _value(x: float | None) -> str:
+    if x is None or not math.isfinite(x):
+        return "-"
+    return f"{x:.4g}" if abs(x) < 100 else f"{x:,.0f}"
+
+
+def print_table(table: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    peers = sorted({p for r in table.rows for p in r.peers})
+    t = Table(
+        title="validation: real runs vs the twin",
+        caption="error: twin/real - 1 (relative), or the per-tick error itself (fraction, "
+        "points); covered: the 95% interval of the error contains 0",
+    )
+    for col in ("run", "metric", "real", "twin", "error", "95% interval", "covered", *peers):
+        t.add_column(col, justify="left" if col in ("run", "metric") else "right")
+    for r in table.rows:
+        lo, hi = r.ci95
+        t.add_row(
+            r.run, r.metric, _value(r.real), _value(r.twin), _fmt(r.error, r.kind),
+            f"[{_fmt(lo, r.kind)}, {_fmt(hi, r.kind)}]", "yes" if r.covered else "no",
+            *(_fmt(r.peers.get(p), r.kind) for p in peers),
+        )  # fmt: skip
+    console = Console()
+    console.print(t)
+    for run, why in table.skipped:
+        console.print(f"[yellow]skipped {run}: {why}[/yellow]")
+    lists = [set(n) for n in table.notes.values() if n]
+    common = set.intersection(*lists) if len(lists) > 1 else set()
+    for n in sorted(common):
+        console.print(f"[dim]every run: {n}[/dim]")
+    for run, notes in table.notes.items():
+        own = [n for n in notes if n not in common]
+        if own:
+            console.print(f"[dim]{run}: {'; '.join(own)}[/dim]")
+
+
+def validate_command(
+    target: str = typer.Argument(
+        ..., help="DuckDB database with imported real runs, or `silicon` (issue 23)."
+    ),
+    extra: list[str] | None = typer.Argument(None, help="`silicon` only: its arguments."),
+    run: list[str] = typer.Option([], "--run", help="Validate only this run (repeatable)."),
+    profile: list[str] = typer.Option(
+        [], "--profile", help="RUN=PROFILE.json: the operator profile a benchmark run replays with."
+    ),
+    samples: int = typer.Option(1000, "--samples", min=50, help="Bootstrap resamples."),
+    seed: int = typer.Option(0, "--seed", help="Bootstrap seed."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Replay every imported real run on the twin and compare: one validation table."""
+    if target == SILICON:
+        _silicon(list(extra or []), as_json)
+        return
+    if extra:
+        _fail(
+            f"unexpected argument(s) {' '.join(extra)} after the database (options start with --)"
+        )
+    from cluster.core import ConfigError
+    from telemetry import TelemetryError
+    from toolkit.validate import validate_runs
+
+    db = Path(target)
+    if not db.exists():
+        _fail(f"{db}: no such database (or `pdlab validate silicon` for issue 23's check)")
+    try:
+        table = validate_runs(db, run or None, _profiles(profile), samples=samples, seed=seed)
+    except (ConfigError, TelemetryError, FileNotFoundError) as exc:
+        _fail(str(exc))
+        return
+    if as_json:
+        typer.echo(json.dumps(table.to_json()))
+        return
+    print_table(table)
