@@ -75,8 +75,23 @@ EXPERTS_ACTIVE = _c(
     nullable=True,
     nonnegative=True,
 )
+OVERHEAD = _c(
+    "overhead_s",
+    "DOUBLE",
+    "the engine loop's time around the pass outside the forward duration_s spans "
+    "(scheduling, bookkeeping, answers, publishing); back-to-back passes cost duration_s + "
+    "overhead_s each; NULL when the engine does not measure it",
+    "s",
+    nullable=True,
+    nonnegative=True,
+)
 _S = "s"
 _TOK = "tokens"
+
+
+def _stage(name: str, doc: str) -> Column:
+    return _c(name, "DOUBLE", f"when {doc}, since the run's start (NULL: not reported)", _S,
+              nullable=True, nonnegative=True)  # fmt: skip
 
 
 TABLES: dict[str, tuple[Column, ...]] = {
@@ -140,6 +155,7 @@ TABLES: dict[str, tuple[Column, ...]] = {
             nonnegative=True,
         ),
         EXPERTS_ACTIVE,
+        OVERHEAD,
     ),
     "prefill_iteration_requests": (
         RUN_ID,
@@ -177,6 +193,7 @@ TABLES: dict[str, tuple[Column, ...]] = {
         ),
         _c("ctx_tokens", "BIGINT", "total context of the batch's requests", _TOK, nonnegative=True),
         EXPERTS_ACTIVE,
+        OVERHEAD,
     ),
     "requests": (
         RUN_ID,
@@ -252,6 +269,25 @@ TABLES: dict[str, tuple[Column, ...]] = {
             nullable=True,
             nonnegative=True,
         ),
+    ),
+    # One row per request a live PD proxy answered: when it passed each stage of its life
+    # between the proxy and the engines (paper 000 §4.1). Engines report their stages in
+    # meta_info (SGLang's *_ts stamps, cluster.engines.shell.stamps), on their own clocks:
+    # exact on one host, off by the hosts' clock offset across hosts. With `requests`
+    # (t_arrival, t_first_token, t_done) they give the serving overheads the passes do not
+    # account for (models.overheads, `overhead_fits`).
+    "request_stages": (
+        RUN_ID,
+        _c("request_id", "VARCHAR", "the request (`requests.request_id`)"),
+        _stage("t_dispatched", "the proxy sent it to the prefill and decode engines (routed)"),
+        _stage("t_prefill_received", "the prefill engine's HTTP server took it"),
+        _stage("t_prefill_queued", "the prefill engine's scheduler queued it"),
+        _stage("t_prefill_forward", "the first prefill pass computing its prompt started"),
+        _stage("t_prefill_done", "the prefill pass that sampled its first token ended"),
+        _stage("t_kv_ready", "its KV (and first token) was in the decode engine"),
+        _stage("t_decode_join", "it joined the decode engine's batch (first token emitted)"),
+        _stage("t_first_emit", "the decode engine emitted the answer event of its first token"),
+        _stage("t_last_emit", "the decode engine emitted the answer event of its last token"),
     ),
     "branch_events": (
         RUN_ID,
@@ -420,6 +456,42 @@ TABLES: dict[str, tuple[Column, ...]] = {
             "the model form fitted (models.forms): 'paper' is Eq. 1 / Eq. 2, others add terms "
             "and coef holds them in the form's order; NULL in older rows",
             nullable=True,
+        ),
+    ),
+    # The serving overheads of a PD cluster run fitted per stage (models.overheads): each
+    # stage's sample of durations from `request_stages` and `requests` (or the passes'
+    # overhead_s), as empirical quantiles and a lognormal, with how many samples.
+    "overhead_fits": (
+        RUN_ID,
+        _c(
+            "stage",
+            "VARCHAR",
+            "the stage: ingress (proxy arrival -> prefill queue), prefill_wait (queue -> "
+            "pass), handoff (pass end -> KV on the decode node), join (KV -> decode batch), "
+            "first_out / last_out (engine emits a token -> the proxy forwards it), "
+            "prefill_pass / decode_pass (per-pass CPU overhead outside the forward)",
+        ),
+        _c("fitted_at", "TIMESTAMP", "when it was fitted (UTC)"),
+        _c("samples", "BIGINT", "durations the fit saw", nonnegative=True),
+        _c("mean_s", "DOUBLE", "their mean", _S),
+        _c(
+            "quantiles_s",
+            "DOUBLE[]",
+            "empirical quantiles at probabilities 0, 0.05, ..., 1 (models.overheads.PROBS)",
+            _S,
+        ),
+        _c(
+            "log_mu",
+            "DOUBLE",
+            "lognormal fit: mean of ln(duration) over positive ones",
+            nullable=True,
+        ),
+        _c(
+            "log_sigma",
+            "DOUBLE",
+            "lognormal fit: standard deviation of ln(duration)",
+            nullable=True,
+            nonnegative=True,
         ),
     ),
     # One row per finished agent program (paper 003 §3.1: JCT and preemptions per program;

@@ -297,7 +297,8 @@ class SGLangCluster:
             )
 
     def record_request(self, rec: LiveRequest) -> None:
-        """One `requests` row; a completed request goes to the rolling latency."""
+        """One `requests` row (and a completed request's `request_stages` row); a completed
+        request goes to the rolling latency."""
         with self.lock:
             if rec.t_done is not None:
                 self.num_completed += 1
@@ -305,6 +306,8 @@ class SGLangCluster:
                     self._listener(CompletedRequest(rec.t_arrival, rec.t_first_token, rec.t_done))
             if self.sink is not None:
                 self.sink.emit("requests", rec.row())
+                if rec.t_done is not None:
+                    self.sink.emit("request_stages", rec.stage_row(self.run_start_wall))
 
     def mark_down(self, node: int, reason: str) -> None:
         with self.lock:
