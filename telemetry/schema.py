@@ -8,9 +8,11 @@ columns in later schema versions; they never lose or rename one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pyarrow as pa
+
+from telemetry.columns import RUN_ID, Column
+from telemetry.columns import column as _c
+from telemetry.schema_serving import OVERHEAD, SERVING_TABLES
 
 SCHEMA_VERSION = 1
 META_TABLE = "pdlab_meta"
@@ -25,38 +27,6 @@ RUN_STATUS_DDL = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Column:
-    """One column: DuckDB type, Arrow type, the checks applied at the boundary, and what it
-    means (`doc`, with `unit`), from which docs/telemetry.md is generated."""
-
-    name: str
-    sql: str
-    arrow: pa.DataType
-    nullable: bool = False
-    nonnegative: bool = False
-    positive: bool = False
-    allowed: tuple[str, ...] | None = None  # categorical values
-    node_ref: bool = False  # must name a node of the run
-    doc: str = ""
-    unit: str = ""
-
-
-def _c(name: str, sql: str, doc: str = "", unit: str = "", **kw: object) -> Column:
-    arrow = {
-        "VARCHAR": pa.string(),
-        "INTEGER": pa.int32(),
-        "BIGINT": pa.int64(),
-        "DOUBLE": pa.float64(),
-        "BOOLEAN": pa.bool_(),
-        "TIMESTAMP": pa.timestamp("us"),
-        "JSON": pa.string(),
-        "DOUBLE[]": pa.list_(pa.float64()),
-    }[sql]
-    return Column(name, sql, arrow, doc=doc, unit=unit, **kw)  # type: ignore[arg-type]
-
-
-RUN_ID = _c("run_id", "VARCHAR", "the run the row belongs to (`runs.run_id`)")
 NODE = _c(
     "node_id", "INTEGER", "the node (`nodes.node_id` of the run)", nonnegative=True, node_ref=True
 )
@@ -75,23 +45,8 @@ EXPERTS_ACTIVE = _c(
     nullable=True,
     nonnegative=True,
 )
-OVERHEAD = _c(
-    "overhead_s",
-    "DOUBLE",
-    "the engine loop's time around the pass outside the forward duration_s spans "
-    "(scheduling, bookkeeping, answers, publishing); back-to-back passes cost duration_s + "
-    "overhead_s each; NULL when the engine does not measure it",
-    "s",
-    nullable=True,
-    nonnegative=True,
-)
 _S = "s"
 _TOK = "tokens"
-
-
-def _stage(name: str, doc: str) -> Column:
-    return _c(name, "DOUBLE", f"when {doc}, since the run's start (NULL: not reported)", _S,
-              nullable=True, nonnegative=True)  # fmt: skip
 
 
 TABLES: dict[str, tuple[Column, ...]] = {
@@ -270,25 +225,6 @@ TABLES: dict[str, tuple[Column, ...]] = {
             nonnegative=True,
         ),
     ),
-    # One row per request a live PD proxy answered: when it passed each stage of its life
-    # between the proxy and the engines (paper 000 §4.1). Engines report their stages in
-    # meta_info (SGLang's *_ts stamps, cluster.engines.shell.stamps), on their own clocks:
-    # exact on one host, off by the hosts' clock offset across hosts. With `requests`
-    # (t_arrival, t_first_token, t_done) they give the serving overheads the passes do not
-    # account for (models.overheads, `overhead_fits`).
-    "request_stages": (
-        RUN_ID,
-        _c("request_id", "VARCHAR", "the request (`requests.request_id`)"),
-        _stage("t_dispatched", "the proxy sent it to the prefill and decode engines (routed)"),
-        _stage("t_prefill_received", "the prefill engine's HTTP server took it"),
-        _stage("t_prefill_queued", "the prefill engine's scheduler queued it"),
-        _stage("t_prefill_forward", "the first prefill pass computing its prompt started"),
-        _stage("t_prefill_done", "the prefill pass that sampled its first token ended"),
-        _stage("t_kv_ready", "its KV (and first token) was in the decode engine"),
-        _stage("t_decode_join", "it joined the decode engine's batch (first token emitted)"),
-        _stage("t_first_emit", "the decode engine emitted the answer event of its first token"),
-        _stage("t_last_emit", "the decode engine emitted the answer event of its last token"),
-    ),
     "branch_events": (
         RUN_ID,
         T,
@@ -458,42 +394,6 @@ TABLES: dict[str, tuple[Column, ...]] = {
             nullable=True,
         ),
     ),
-    # The serving overheads of a PD cluster run fitted per stage (models.overheads): each
-    # stage's sample of durations from `request_stages` and `requests` (or the passes'
-    # overhead_s), as empirical quantiles and a lognormal, with how many samples.
-    "overhead_fits": (
-        RUN_ID,
-        _c(
-            "stage",
-            "VARCHAR",
-            "the stage: ingress (proxy arrival -> prefill queue), prefill_wait (queue -> "
-            "pass), handoff (pass end -> KV on the decode node), join (KV -> decode batch), "
-            "first_out / last_out (engine emits a token -> the proxy forwards it), "
-            "prefill_pass / decode_pass (per-pass CPU overhead outside the forward)",
-        ),
-        _c("fitted_at", "TIMESTAMP", "when it was fitted (UTC)"),
-        _c("samples", "BIGINT", "durations the fit saw", nonnegative=True),
-        _c("mean_s", "DOUBLE", "their mean", _S),
-        _c(
-            "quantiles_s",
-            "DOUBLE[]",
-            "empirical quantiles at probabilities 0, 0.05, ..., 1 (models.overheads.PROBS)",
-            _S,
-        ),
-        _c(
-            "log_mu",
-            "DOUBLE",
-            "lognormal fit: mean of ln(duration) over positive ones",
-            nullable=True,
-        ),
-        _c(
-            "log_sigma",
-            "DOUBLE",
-            "lognormal fit: standard deviation of ln(duration)",
-            nullable=True,
-            nonnegative=True,
-        ),
-    ),
     # One row per finished agent program (paper 003 §3.1: JCT and preemptions per program;
     # attained service A_p = sum over its calls of first admission to completion).
     "programs": (
@@ -521,6 +421,12 @@ TABLES: dict[str, tuple[Column, ...]] = {
         ),
     ),
 }
+
+# Live PD clusters' request stages and fitted serving overheads (telemetry.schema_serving)
+# come right after `requests`.
+_items = list(TABLES.items())
+_at = list(TABLES).index("requests") + 1
+TABLES = dict([*_items[:_at], *SERVING_TABLES.items(), *_items[_at:]])
 
 # Columns whose values must be finite (no NaN/inf) when present.
 FLOAT_TYPES = ("DOUBLE",)

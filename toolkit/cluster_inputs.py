@@ -41,6 +41,7 @@ import polars as pl
 from cluster.core import ConfigError
 from cluster.hardware.profiles import PRESETS, HardwareProfile, from_fit_doc
 from cluster.sim.config import parse_split
+from models.overheads import ServingOverheads
 from toolkit.fitting import FitInputError, RunFit, fit_run, to_json
 from toolkit.queries.run import open_run
 
@@ -86,6 +87,9 @@ class ClusterInputs(NamedTuple):
     profile: HardwareProfile  # the fits' coefficients times `scale`
     scale: tuple[float, float]  # (prefill, decode): measured / modelled pass time, summed
     requests: pl.DataFrame  # finished requests (REQUEST_COLUMNS), by arrival
+    # the run's serving overheads (stored in overhead_fits, else fitted from its stages);
+    # None when it recorded none (a simulated run, an engine without stage stamps)
+    overheads: ServingOverheads | None = None
 
 
 def recorded_cluster(config: dict[str, Any], source: str, switches: int) -> RecordedCluster:
@@ -216,10 +220,11 @@ def mean_scale(run: Any, profile: HardwareProfile) -> tuple[float, float]:
 
 
 def load_cluster_inputs(
-    db: str | Path, run_id: str | None, *, rescale: bool = True
+    db: str | Path, run_id: str | None, *, rescale: bool = True, overheads_on: bool = True
 ) -> ClusterInputs:
-    """Settings, fits, profile and finished requests of one cluster run (module docstring);
-    `rescale` False keeps the fits' coefficients as they are."""
+    """Settings, fits, profile, finished requests and serving overheads of one cluster run
+    (module docstring); `rescale` False keeps the fits' coefficients as they are,
+    `overheads_on` False leaves the overheads out (the passes alone)."""
     with open_run(db, run_id) as run:
         rid = run.run_id
         source = str(run.scalar("SELECT source FROM runs WHERE run_id = ?", [rid]))
@@ -269,7 +274,19 @@ def load_cluster_inputs(
             prefill=tuple(c * scale[0] for c in profile.prefill),  # type: ignore[arg-type]
             decode=tuple(d * scale[1] for d in profile.decode),  # type: ignore[arg-type]
         )
-    return ClusterInputs(rid, cluster, fits, profile, scale, df)
+    overheads = run_overheads(db, rid) if overheads_on else None
+    return ClusterInputs(rid, cluster, fits, profile, scale, df, overheads)
+
+
+def run_overheads(db: str | Path, run_id: str) -> ServingOverheads | None:
+    """The run's serving overheads: those stored in `overhead_fits` (`pdlab fit`), else
+    fitted now from its request stages and pass overheads; None when it has neither."""
+    from toolkit.fit_overheads import fit_samples, load_overheads, stage_samples
+
+    with open_run(db, run_id) as run:
+        stored = load_overheads(run)
+        got = stored if stored is not None else fit_samples(stage_samples(run))
+    return got or None
 
 
 def priming_s(profile: HardwareProfile, tokens: int) -> float:

@@ -122,6 +122,7 @@ def run_cluster_twin(
             kv_fetch=c.kv_fetch,
             decode_binder=c.decode_binder,
             telemetry="compact",
+            overheads=inputs.overheads,
         )
         t0 = time.perf_counter()
         sim = Simulator(cfg)

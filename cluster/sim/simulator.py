@@ -216,6 +216,8 @@ class Simulator:
             on_prefill_iteration=fit.record_prefill,
             on_decode_iterations=fit.record_decode,
         )
+        if cfg.overheads:
+            engine.set_overheads(cfg.overheads.sampler(cfg.seed + 1))
         self.switching = switching = Switching(
             kernel, cp, nodes, engine, fit, self.initial_phases, cfg.relaunch_s
         )
