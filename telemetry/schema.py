@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from telemetry.columns import RUN_ID, Column
 from telemetry.columns import column as _c
-from telemetry.schema_serving import OVERHEAD, SERVING_TABLES
+from telemetry.schema_serving import CPU, OVERHEAD, SERVING_TABLES
 
 SCHEMA_VERSION = 1
 META_TABLE = "pdlab_meta"
@@ -111,6 +111,7 @@ TABLES: dict[str, tuple[Column, ...]] = {
         ),
         EXPERTS_ACTIVE,
         OVERHEAD,
+        CPU,
     ),
     "prefill_iteration_requests": (
         RUN_ID,
@@ -149,6 +150,7 @@ TABLES: dict[str, tuple[Column, ...]] = {
         _c("ctx_tokens", "BIGINT", "total context of the batch's requests", _TOK, nonnegative=True),
         EXPERTS_ACTIVE,
         OVERHEAD,
+        CPU,
     ),
     "requests": (
         RUN_ID,

@@ -30,6 +30,17 @@ OVERHEAD = _c(
     nonnegative=True,
 )
 
+CPU = _c(
+    "cpu_s",
+    "DOUBLE",
+    "CPU time of the engine thread over the pass's duration_s (pdlab's torch engine on a CPU "
+    "device, one torch thread: the forward's work; duration_s - cpu_s waited for a core or "
+    "the GIL); NULL when the engine does not measure it",
+    _S,
+    nullable=True,
+    nonnegative=True,
+)
+
 SERVING_TABLES: dict[str, tuple[Column, ...]] = {
     # One row per request a live PD proxy answered: when it passed each stage of its life
     # between the proxy and the engines (paper 000 §4.1). Engines report their stages in

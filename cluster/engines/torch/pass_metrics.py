@@ -4,7 +4,8 @@ Each pass becomes one ForwardPassMetrics with SGLang's field semantics
 (`cluster.sglang.wire.fpm`: sum_prefill_tokens = Σt_uc, sum_prefill_kv_tokens = Σt_c,
 var_prefill_length over the full prompt lengths, sum_decode_kv_tokens = Σ seq_len) plus
 the `pdlab` detail only this engine can give: the exact ΣA of Eq. 1, t_rst, the
-distinct experts per MoE layer and the pass's CPU overhead outside the forward. An idle
+distinct experts per MoE layer, the pass's CPU overhead outside the forward and the CPU
+time of the forward itself. An idle
 engine sends SGLang's all-zero heartbeat.
 """
 
@@ -38,6 +39,7 @@ def prefill_metrics(
     experts: Sequence[int],
     queued: QueuedRequestMetrics,
     overhead_s: float = 0.0,
+    cpu_s: float = 0.0,
 ) -> DetailedForwardPassMetrics:
     sched = ScheduledRequestMetrics(
         num_prefill_requests=len(slices),
@@ -50,6 +52,7 @@ def prefill_metrics(
         t_rst=sum(s.t_rst for s in slices),
         experts_per_layer=list(experts) or None,
         overhead_s=overhead_s,
+        cpu_s=cpu_s,
     )
     return DetailedForwardPassMetrics(
         worker_id=worker_id,
@@ -67,6 +70,7 @@ def decode_metrics(
     experts: Sequence[int],
     queued: QueuedRequestMetrics,
     overhead_s: float = 0.0,
+    cpu_s: float = 0.0,
 ) -> DetailedForwardPassMetrics:
     total = sum(seq_lens)
     sched = ScheduledRequestMetrics(
@@ -76,7 +80,10 @@ def decode_metrics(
     )
     # A decoding request's one new token sees its seq_len - 1 cached tokens and itself.
     detail = PassDetail(
-        attn_pairs=float(total), experts_per_layer=list(experts) or None, overhead_s=overhead_s
+        attn_pairs=float(total),
+        experts_per_layer=list(experts) or None,
+        overhead_s=overhead_s,
+        cpu_s=cpu_s,
     )
     return DetailedForwardPassMetrics(
         worker_id=worker_id,

@@ -257,7 +257,7 @@ class Scheduler(SchedulerThread[EngineRequest]):
         if cfg.telemetry:
             m = pass_metrics.prefill_metrics(
                 cfg.worker_id, out.wall_s, slices, out.attn_pairs, out.experts_per_layer,
-                self._queued(), self._overhead(out.wall_s),
+                self._queued(), self._overhead(out.wall_s), out.cpu_s,
             )  # fmt: skip
             publish_fpm(self.fpm_publisher, m)
 
@@ -286,6 +286,7 @@ class Scheduler(SchedulerThread[EngineRequest]):
                 out.experts_per_layer,
                 self._queued(),
                 self._overhead(out.wall_s),
+                out.cpu_s,
             )
             publish_fpm(self.fpm_publisher, m)
 

@@ -41,8 +41,8 @@ pdlab's torch engine (`cluster.engines.torch`) knows each pass exactly and says 
 extra map field, `pdlab` (`PassDetail`: attn_pairs ΣA, t_rst, and the distinct experts the
 pass activated per MoE layer); SGLang's decoder ignores it as an unknown field. When it is
 present, the rows take ΣA and t_rst from it instead of the estimate (and 0), the pass's
-CPU overhead outside the forward (`overhead_s`), and `experts_active`, the mean over MoE
-layers, to compare with φ(B)·E (paper 000 Eq. 2).
+CPU overhead outside the forward (`overhead_s`), the forward's CPU time (`cpu_s`), and
+`experts_active`, the mean over MoE layers, to compare with φ(B)·E (paper 000 Eq. 2).
 """
 
 from __future__ import annotations
@@ -100,13 +100,15 @@ class PassDetail(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
     t_rst: tokens restored from the host tier during the pass; experts_per_layer: distinct
     experts the pass's tokens were routed to, per MoE layer (absent for dense models);
     overhead_s: the engine loop's time around the pass outside the forward that wall_time
-    spans (scheduling, bookkeeping, answers, publishing; 0 when not measured).
+    spans (scheduling, bookkeeping, answers, publishing; 0 when not measured); cpu_s: the
+    CPU time of the engine thread over wall_time's span (0 when not measured).
     """
 
     attn_pairs: float = 0.0
     t_rst: int = 0
     experts_per_layer: list[int] | None = None
     overhead_s: float = 0.0
+    cpu_s: float = 0.0
 
     @property
     def experts_active(self) -> float | None:
@@ -182,6 +184,7 @@ class PrefillRow(NamedTuple):
     t_c: int
     experts_active: float | None = None
     overhead_s: float | None = None
+    cpu_s: float | None = None
 
 
 class DecodeRow(NamedTuple):
@@ -192,6 +195,7 @@ class DecodeRow(NamedTuple):
     ctx_tokens: int
     experts_active: float | None = None
     overhead_s: float | None = None
+    cpu_s: float | None = None
 
 
 def iteration_rows(
@@ -209,6 +213,7 @@ def iteration_rows(
     detail = m.pdlab if isinstance(m, DetailedForwardPassMetrics) else None
     experts = None if detail is None else detail.experts_active
     overhead = None if detail is None or detail.overhead_s <= 0 else float(detail.overhead_s)
+    cpu = None if detail is None or detail.cpu_s <= 0 else float(detail.cpu_s)
     if n_p > 0:
         if detail is not None:
             pairs, t_rst = float(detail.attn_pairs), int(detail.t_rst)
@@ -231,10 +236,11 @@ def iteration_rows(
             s.sum_prefill_kv_tokens + max(0, s.sum_decode_kv_tokens - n_d),
             experts,
             overhead,
+            cpu,
         )
         return row, None
     if n_d > 0:
         return None, DecodeRow(
-            t_start, m.wall_time, n_d, 1.0, s.sum_decode_kv_tokens, experts, overhead
+            t_start, m.wall_time, n_d, 1.0, s.sum_decode_kv_tokens, experts, overhead, cpu
         )
     return None, None

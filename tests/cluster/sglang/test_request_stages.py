@@ -93,7 +93,7 @@ def test_every_request_has_its_stages_in_the_order_it_lived_them(live_db) -> Non
     assert (rows["t_last_emit"] > rows["t_first_emit"]).all()
 
 
-def test_iteration_rows_carry_the_passes_cpu_overhead(live_db) -> None:  # type: ignore[no-untyped-def]
+def test_iteration_rows_carry_the_passes_cpu_overhead_and_cpu_time(live_db) -> None:  # type: ignore[no-untyped-def]
     r = open_reader(live_db)
     for name in ("prefill_iterations", "decode_iterations"):
         t = r.table(name)
@@ -102,3 +102,6 @@ def test_iteration_rows_carry_the_passes_cpu_overhead(live_db) -> None:  # type:
         # measured for (nearly) every pass: only a pass right after an idle wait may have 0
         assert over.len() >= 0.5 * t.height, name
         assert (over > 0).all() and (over < 1.0).all(), name
+        # the forward's CPU time: measured for every pass, at most its wall time
+        assert t["cpu_s"].null_count() == 0, name
+        assert (t["cpu_s"] <= t["duration_s"] + 1e-4).all(), name
