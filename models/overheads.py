@@ -15,8 +15,10 @@ and a lognormal fit for reference, with the number of samples. Stages:
 - `prefill_wait`: queue -> the first pass, beyond the passes it waited for (wake-up)
 - `handoff`: the prefill pass's end -> the KV in the decode engine
 - `join`: the KV in the decode engine -> its batch, beyond the pass in progress then
-- `first_out` / `last_out`: the decode engine emits the first / last token -> the proxy
-  forwards it to the client
+- `first_out`: the decode engine emits the first token -> the proxy forwards it
+- `prefill_out`: the prefill pass's end -> the proxy has the prefill engine's answer
+- `last_out`: the later of the decode engine emitting the last token and the prefill's
+  answer (a PD proxy finishes a request once both engines answered) -> the request is done
 - `prefill_pass` / `decode_pass`: one pass's CPU overhead outside its forward; it grows
   with the sequences in the pass (answers, page bookkeeping per request), so it is kept as
   a distribution at one sequence plus `per_seq_s` per further sequence (least squares)
@@ -27,17 +29,20 @@ happens; `ServingOverheads()` (no stages) adds nothing anywhere.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
+
+from models.occupancy import NodeModel, PassOverhead
 
 PROBS: tuple[float, ...] = tuple(i / 20 for i in range(21))
 BINS = 40
 # Stages on a request's path to its first token, in order (`ServingOverheads.ttft_s`).
 TTFT_STAGES = ("ingress", "prefill_wait", "handoff", "join", "first_out")
-REQUEST_STAGES = (*TTFT_STAGES, "last_out")
+REQUEST_STAGES = (*TTFT_STAGES, "prefill_out", "last_out")
 PASS_STAGES = ("prefill_pass", "decode_pass")
 STAGES = (*REQUEST_STAGES, *PASS_STAGES)
 
@@ -63,7 +68,7 @@ class StageFit:
                 f"{self.stage}: {len(self.quantiles_s)} quantiles, need {len(PROBS)} (PROBS)"
             )
         for name, v in (("quantiles", self.quantiles_s), ("bin means", self.bin_means_s)):
-            if not v or any(b < a for a, b in zip(v, v[1:], strict=False)):
+            if not v or any(b < a for a, b in itertools.pairwise(v)):
                 raise ValueError(f"{self.stage}: {name} must be nonempty and nondecreasing")
 
     @classmethod
@@ -180,6 +185,22 @@ def _bin_means(sorted_x: npt.NDArray[np.float64], k: int) -> tuple[float, ...]:
         return float(cum[j] + (t - j) * sorted_x[j])
 
     edges = [i * n / k for i in range(k + 1)]
-    means = [(integral(b) - integral(a)) * k / n for a, b in zip(edges, edges[1:], strict=False)]
+    means = [(integral(b) - integral(a)) * k / n for a, b in itertools.pairwise(edges)]
     # rounding may leave a bin a hair below its predecessor: keep them nondecreasing
     return tuple(float(v) for v in np.maximum.accumulate(means))
+
+
+def pass_overheads(overheads: ServingOverheads) -> tuple[PassOverhead, PassOverhead]:
+    """(prefill, decode) per-pass CPU overheads for Eq. 3-4 (models.occupancy.PassOverhead):
+    the pass stages' mean at one sequence and their per-sequence slope."""
+    out = []
+    for stage in PASS_STAGES:
+        f = overheads.get(stage)
+        out.append(PassOverhead() if f is None else PassOverhead(f.mean_s, f.per_seq_s))
+    return out[0], out[1]
+
+
+def with_pass_overheads(model: NodeModel, overheads: ServingOverheads) -> NodeModel:
+    """`model` pricing each pass's CPU overhead too (Eq. 3-4's overhead term)."""
+    pre, dec = pass_overheads(overheads)
+    return replace(model, prefill_overhead=pre, decode_overhead=dec)

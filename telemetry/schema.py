@@ -395,6 +395,13 @@ TABLES: dict[str, tuple[Column, ...]] = {
             "and coef holds them in the form's order; NULL in older rows",
             nullable=True,
         ),
+        _c(
+            "target",
+            "VARCHAR",
+            "what was fitted: duration_s (wall seconds) or cpu_s (the engine thread's CPU "
+            "seconds, where measured); NULL in older rows",
+            nullable=True,
+        ),
     ),
     # One row per finished agent program (paper 003 §3.1: JCT and preemptions per program;
     # attained service A_p = sum over its calls of first admission to completion).

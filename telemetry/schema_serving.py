@@ -60,6 +60,11 @@ SERVING_TABLES: dict[str, tuple[Column, ...]] = {
         _stage("t_decode_join", "it joined the decode engine's batch (first token emitted)"),
         _stage("t_first_emit", "the decode engine emitted the answer event of its first token"),
         _stage("t_last_emit", "the decode engine emitted the answer event of its last token"),
+        _stage(
+            "t_prefill_answer",
+            "the proxy had the prefill engine's whole answer (it finishes a request once both "
+            "engines answered)",
+        ),
     ),
     # The serving overheads of a PD cluster run fitted per stage (models.overheads): each
     # stage's sample of durations from `request_stages` and `requests` (or the passes'

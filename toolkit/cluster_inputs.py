@@ -4,9 +4,11 @@ its finished requests, and the open-loop trace that replays them (SPEC §9; pape
 A cluster run is one whose config names its nodes and split: a live torch or SGLang cluster
 (`"engines"`: each engine's role, KV page size, chunk budget and KV capacity; `"cluster"`: the
 router, decode binder and KV fetch) or a simulated run (`"nodes"`, `"split"`, the preset
-profile). Each node is priced by the run's own iteration logs: `toolkit.fitting.fit_run`
-fits Eq. 1 and Eq. 2 per node (holding 20% of the iterations out to measure the fits' MAPE,
-or none when a phase has too few iterations to fit otherwise) and
+profile). Each node is priced by the run's own iteration logs: `toolkit.fit_forms` fits
+each node's forms chosen by cross-validation (Eq. 1 and Eq. 2 or their extensions; on the
+engine thread's CPU time where the engine measured it, the passes' work without the host's
+contention), holding 20% of the iterations out to measure the fits' MAPE (or none when a
+phase has too few iterations to fit otherwise), and
 `cluster.hardware.profiles.from_fit_doc` combines them per phase (the prefill nodes' fits
 price prefill, the decode nodes' fits decode, sample-weighted; the simulator prices every
 node of a phase alike) on a base profile holding the engine's block size, chunk budget, KV
@@ -14,7 +16,11 @@ capacity and MoE shape, with no noise and no context term the fits did not have.
 minimize relative error (what held-out MAPE rewards), which under heavy-tailed noise prices
 a typical pass, not the mean one; a simulator adds pass times, so each phase's coefficients
 are multiplied by the run's summed measured pass time over the summed time the fits give
-its passes (`mean_scale`: about 1 on a simulator's 3% noise, 2-4x on a loaded CPU).
+its passes (`mean_scale`: about 1 on a simulator's 3% noise; on a loaded CPU the share of a
+core the engines got, 2-4x). A live run's serving overheads (the time around the passes:
+proxy, wake-up, KV hand-off, decode join, streaming, each pass's CPU overhead) come from
+its `overhead_fits` or its request stages (`run_overheads`, toolkit.fit_overheads) and are
+priced by the simulator where they happen (SimConfig.overheads).
 
 The workload follows what the run recorded rather than regenerating it: the agent loop of a
 live run waits in wall time for tool pauses, caps response lengths and scales token counts,
@@ -42,10 +48,12 @@ from cluster.core import ConfigError
 from cluster.hardware.profiles import PRESETS, HardwareProfile, from_fit_doc
 from cluster.sim.config import parse_split
 from models.overheads import ServingOverheads
-from toolkit.fitting import FitInputError, RunFit, fit_run, to_json
+from toolkit.fit_forms import fit_run_forms
+from toolkit.fitting import FitInputError, RunFit, to_json
 from toolkit.queries.run import open_run
 
 HOLDOUT = 0.2  # iterations held out of the fits to measure their MAPE
+TARGET = "wall"
 REQUEST_COLUMNS = (
     "request_id",
     "t_arrival",
@@ -199,24 +207,38 @@ def fitted_profile(
 
 def mean_scale(run: Any, profile: HardwareProfile) -> tuple[float, float]:
     """Per phase, the run's summed pass time over the summed time `profile` prices its
-    passes at (module docstring: the fits are relative, the simulator adds times)."""
-    c0, c1, c2, c3 = profile.prefill
-    n, t_uc, pairs, t_rst, took = run.rows(
-        "SELECT count(*), sum(t_uc), sum(attn_pairs), sum(t_rst), sum(duration_s) "
-        "FROM prefill_iterations WHERE run_id = ?",
+    passes at, every term of its forms included (module docstring: the fits are relative,
+    or of the passes' CPU time, and the simulator adds wall times)."""
+    took = modelled = 0.0
+    for t_uc, pairs, t_rst, t_c, dur in run.rows(
+        "SELECT t_uc, attn_pairs, t_rst, t_c, duration_s FROM prefill_iterations WHERE run_id = ?",
         [run.run_id],
-    )[0]
-    modelled = c0 * n + c1 * t_uc + c2 * pairs + c3 * t_rst
-    prefill = float(took) / modelled if modelled > 0 else 1.0
+    ):
+        modelled += profile.prefill_time(float(t_uc), float(pairs), float(t_rst), float(t_c))
+        took += float(dur)
+    prefill = took / modelled if modelled > 0 else 1.0
     modelled = took = 0.0
-    for batch, count, total in run.rows(
-        "SELECT batch_size, count(*), sum(duration_s) FROM decode_iterations "
+    for batch, ctx, total in run.rows(
+        "SELECT batch_size, list(ctx_tokens::DOUBLE), sum(duration_s) FROM decode_iterations "
         "WHERE run_id = ? GROUP BY batch_size",
         [run.run_id],
     ):
-        modelled += count * float(profile.decode_times(int(batch), np.zeros(1))[0])
+        modelled += float(profile.decode_times(int(batch), np.asarray(ctx)).sum())
         took += float(total)
     return prefill, (took / modelled if modelled > 0 else 1.0)
+
+
+def scaled(profile: HardwareProfile, prefill: float, decode: float) -> HardwareProfile:
+    """`profile` with every prefill term times `prefill` and every decode term times
+    `decode` (the knee stays: it is a token count)."""
+    return replace(
+        profile,
+        prefill=tuple(c * prefill for c in profile.prefill),  # type: ignore[arg-type]
+        prefill_kv_read_s_per_token=profile.prefill_kv_read_s_per_token * prefill,
+        prefill_expert_s=profile.prefill_expert_s * prefill,
+        decode=tuple(d * decode for d in profile.decode),  # type: ignore[arg-type]
+        decode_ctx_s_per_token=profile.decode_ctx_s_per_token * decode,
+    )
 
 
 def load_cluster_inputs(
@@ -258,10 +280,10 @@ def load_cluster_inputs(
         raise ConfigError(f"run {rid!r} has no finished requests to replay")
     shape = (int(shapes[0][0]), int(shapes[0][1])) if shapes else (0, 0)
     try:
-        fits = fit_run(db, rid, bootstrap=0, holdout=HOLDOUT)
+        fits = fit_run_forms(db, rid, form="auto", bootstrap=0, holdout=HOLDOUT, target=TARGET)
         if not (any(n.prefill.ok for n in fits.nodes) and any(n.decode.ok for n in fits.nodes)):
             # too few iterations to hold some out (a short run): fit on all of them
-            fits = fit_run(db, rid, bootstrap=0, holdout=0.0)
+            fits = fit_run_forms(db, rid, form="auto", bootstrap=0, holdout=0.0, target=TARGET)
     except FitInputError as exc:
         raise ConfigError(str(exc)) from None
     profile = fitted_profile(fits, cluster, shape)
@@ -269,11 +291,7 @@ def load_cluster_inputs(
     if rescale:
         with open_run(db, rid) as run:
             scale = mean_scale(run, profile)
-        profile = replace(
-            profile,
-            prefill=tuple(c * scale[0] for c in profile.prefill),  # type: ignore[arg-type]
-            decode=tuple(d * scale[1] for d in profile.decode),  # type: ignore[arg-type]
-        )
+        profile = scaled(profile, *scale)
     overheads = run_overheads(db, rid) if overheads_on else None
     return ClusterInputs(rid, cluster, fits, profile, scale, df, overheads)
 

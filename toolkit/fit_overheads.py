@@ -15,8 +15,11 @@ iteration rows give each pass's CPU overhead (`overhead_s`). `stage_samples` rea
   (no other request was decoding there then); behind running passes the simulator waits
   for the pass in progress itself. Idleness is judged by the engines' own stamps (one
   clock per engine), not by the iteration rows' receive times.
-- first_out = t_first_token - t_first_emit, last_out = t_done - t_last_emit (the answer's
-  trip from the engine's scheduler through its HTTP server and the proxy)
+- first_out = t_first_token - t_first_emit (the first token's trip from the decode
+  engine's scheduler through its HTTP server and the proxy), prefill_out =
+  t_prefill_answer - t_prefill_done (the prefill engine's answer reaching the proxy), and
+  last_out = t_done - max(t_last_emit, t_prefill_answer): the proxy finishes a request
+  once both engines answered, so a short answer often waits for the prefill's
 - prefill_pass, decode_pass = each pass's overhead_s, against its sequences (num_reqs,
   batch_size), so the per-sequence cost is separated
 
@@ -61,10 +64,19 @@ SELECT
                         AND o.t_decode_join < s.t_kv_ready AND o.t_last_emit > s.t_kv_ready)
        THEN t_decode_join - t_kv_ready END AS "join",
   t_first_token - t_first_emit AS first_out,
-  t_done - t_last_emit AS last_out
+  {answer} - t_prefill_done AS prefill_out,
+  t_done - greatest(t_last_emit, coalesce({answer}, t_last_emit)) AS last_out
 FROM s
 """
-_REQUEST_STAGES = ("ingress", "prefill_wait", "handoff", "join", "first_out", "last_out")
+_REQUEST_STAGES = (
+    "ingress",
+    "prefill_wait",
+    "handoff",
+    "join",
+    "first_out",
+    "prefill_out",
+    "last_out",
+)
 _PASS_SQL = {
     "prefill_pass": "SELECT overhead_s, num_reqs FROM prefill_iterations "
     "WHERE run_id = ? AND overhead_s IS NOT NULL",
@@ -93,7 +105,14 @@ def stage_samples(run: Run) -> Samples:
     out: Samples = {}
     needed = {"requests", "request_stages", "prefill_iterations", "decode_iterations"}
     if needed <= tables:
-        frame = run.con.execute(_STAGE_SQL, {"run": run.run_id}).fetchnumpy()
+        # (t_prefill_answer: absent in runs recorded before it was)
+        answer = (
+            "t_prefill_answer"
+            if "t_prefill_answer" in _columns(run, "request_stages")
+            else "NULL::DOUBLE"
+        )
+        sql = _STAGE_SQL.format(answer=answer)
+        frame = run.con.execute(sql, {"run": run.run_id}).fetchnumpy()
         for stage in _REQUEST_STAGES:
             col = frame[stage]
             x = np.ma.filled(np.ma.asarray(col, dtype=np.float64), np.nan)  # NULL -> nan
@@ -178,3 +197,39 @@ def load_overheads(run: Run) -> ServingOverheads | None:
         for r in rows
     }
     return ServingOverheads(fits)
+
+
+def overheads_json(overheads: ServingOverheads) -> dict[str, dict[str, float | int | None]]:
+    """Each fitted stage: samples, mean, p50, p90, p99 (seconds) and per-sequence slope."""
+    return {
+        f.stage: {
+            "samples": f.samples,
+            "mean_s": f.mean_s,
+            "p50_s": f.quantiles_s[10],
+            "p90_s": f.quantiles_s[18],
+            "max_s": f.quantiles_s[-1],
+            "per_seq_s": f.per_seq_s,
+            "log_mu": f.log_mu,
+            "log_sigma": f.log_sigma,
+        }
+        for f in overheads.stages.values()
+    }
+
+
+def print_overheads(overheads: ServingOverheads) -> None:
+    """The stages as a table (nothing when the run recorded none)."""
+    if not overheads:
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="serving overheads (outside the forward passes)", caption=(
+        f"expected before the first token: {1e3 * overheads.ttft_s:.1f} ms; stored in "
+        "overhead_fits"))  # fmt: skip
+    for col in ("stage", "samples", "mean ms", "p50 ms", "p90 ms", "per seq ms"):
+        table.add_column(col, justify="left" if col == "stage" else "right")
+    for f in overheads.stages.values():
+        q = f.quantiles_s
+        table.add_row(f.stage, str(f.samples), f"{1e3 * f.mean_s:.2f}", f"{1e3 * q[10]:.2f}",
+                      f"{1e3 * q[18]:.2f}", f"{1e3 * f.per_seq_s:.2f}" if f.per_seq_s else "-")  # fmt: skip
+    Console().print(table)

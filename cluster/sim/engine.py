@@ -224,19 +224,21 @@ class NodeEngine:
         # With serving overheads a PD request's first token reaches the client through its
         # decode node (`_first_out`), as SGLang's PD proxy streams it.
         req.t_first_token = now if over is None else None
+        if over is not None:
+            req.answer_t = now + over.draw("prefill_out")
         rr = RouteRequest(req.request_id, req.program, req.branch_id, req.path, req.t_in, now)
         self.cp.on_prefill_done(rr, node.id, now)
         dnode = self.nodes[req.decode_node]
         if req.t_out <= 1:
-            out_s = 0.0
+            emit_s = out_s = 0.0
             if dnode is not node:
                 dnode.inbound -= 1
                 node.memory.hand_off(req, now)  # nothing to send: its KV is let go here
                 if over is not None:
-                    out_s = over.draw("handoff")
+                    emit_s = over.draw("handoff")  # the decode engine answers once it has KV
             if over is not None:
-                out_s += over.draw("first_out")
-                req.t_first_token = now + out_s
+                req.t_first_token = now + emit_s + over.draw("first_out")
+                out_s = max(emit_s, req.answer_t - now) + over.draw("last_out")
             self._done(dnode, req, decoded=False, out_s=out_s)
             return
         req.decode_left = math.ceil((req.t_out - 1) / self.profile.t_acc)
@@ -289,14 +291,17 @@ class NodeEngine:
         self, node: SimNode, req: SimRequest, decoded: bool = True, out_s: float | None = None
     ) -> None:
         """The request's last token is out on `node` (its decode node); with serving
-        overheads it reaches the client `out_s` later (default: a `last_out` draw)."""
-        node.memory.end_call(req, decoded, self.kernel.now)
+        overheads the client has it `out_s` later (default: once the prefill engine's
+        answer is in too, a `last_out` draw later: a PD proxy finishes a request then)."""
+        now = self.kernel.now
+        node.memory.end_call(req, decoded, now)
         over = self.overheads
         if over is None:
             self.on_request_done(req)
         else:
-            delay = over.draw("last_out") if out_s is None else out_s
-            self.kernel.push(self.kernel.now + delay, DECODE_END, self._complete, req)
+            if out_s is None:
+                out_s = max(req.answer_t - now, 0.0) + over.draw("last_out")
+            self.kernel.push(now + out_s, DECODE_END, self._complete, req)
         if node.switch is not None and node.idle():
             self.on_switch_ready(node)
 

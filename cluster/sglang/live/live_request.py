@@ -129,6 +129,7 @@ class LiveRequest:
             "t_decode_join": [run_s(d.get(st.DECODE_JOIN))],
             "t_first_emit": [run_s(d.get(st.EMITTED))],
             "t_last_emit": [run_s(self.last_emit_ts)],
+            "t_prefill_answer": [self.t_prefill_done],
         }
 
 
