@@ -24,7 +24,13 @@ and a lognormal fit for reference, with the number of samples. Stages:
   a distribution at one sequence plus `per_seq_s` per further sequence (least squares)
 
 Consumers add the mean (router, planner) or draws (the cluster simulator) where the stage
-happens; `ServingOverheads()` (no stages) adds nothing anywhere.
+happens; `ServingOverheads()` (no stages) adds nothing anywhere. One request's stages are
+not independent: those that end in the proxy's event loop (first_out, prefill_out,
+last_out) lag together when the proxy's host is loaded (correlation ~0.6-0.9 measured).
+Where the requests' stage vectors themselves are at hand (`joint_s`: one row per measured
+request, NaN where a stage was not measured for it), a request draws one row for all its
+stages (`OverheadSampler.start`), keeping that dependence; absent stages, and stages of
+rows that lack them, come from the marginals.
 """
 
 from __future__ import annotations
@@ -120,6 +126,9 @@ class ServingOverheads:
     """A cluster's overhead stages (module docstring); absent stages add nothing."""
 
     stages: Mapping[str, StageFit] = field(default_factory=dict)
+    # the measured requests' stage vectors, columns `joint_stages` (module docstring)
+    joint_stages: tuple[str, ...] = ()
+    joint_s: npt.NDArray[np.float64] | None = field(default=None, compare=False)
 
     def __bool__(self) -> bool:
         return bool(self.stages)
@@ -153,21 +162,35 @@ class ServingOverheads:
 class OverheadSampler:
     """Draws of each stage (a generator of its own: a run's other draws do not move)."""
 
-    __slots__ = ("_fits", "_rng")
+    __slots__ = ("_col", "_fits", "_joint", "_rng")
 
     def __init__(self, overheads: ServingOverheads, rng: np.random.Generator) -> None:
         self._fits = dict(overheads.stages)
         self._rng = rng
+        joint = overheads.joint_s
+        self._joint = None if joint is None or not len(joint) else joint.tolist()
+        self._col = {s: i for i, s in enumerate(overheads.joint_stages)}
+
+    def start(self) -> int:
+        """A new request's row of the joint stage vectors (-1 when there are none)."""
+        if self._joint is None:
+            return -1
+        return int(self._rng.integers(len(self._joint)))
 
     def has(self, stage: str) -> bool:
         return stage in self._fits
 
-    def draw(self, stage: str, seqs: int = 1) -> float:
-        """One duration of `stage` (of a pass of `seqs` sequences; 0.0 when the stage
-        was not measured)."""
+    def draw(self, stage: str, seqs: int = 1, row: int = -1) -> float:
+        """One duration of `stage` (of a pass of `seqs` sequences; of the request whose
+        joint row is `row`, if it measured the stage; 0.0 when it was not measured)."""
         fit = self._fits.get(stage)
         if fit is None:
             return 0.0
+        col = self._col.get(stage)
+        if row >= 0 and col is not None and self._joint is not None:
+            v = self._joint[row][col]
+            if v == v:  # not NaN
+                return max(v, 0.0)
         extra = fit.per_seq_s * (seqs - 1) if seqs > 1 else 0.0
         bins = fit.bin_means_s
         return bins[int(self._rng.integers(len(bins)))] + extra

@@ -298,12 +298,22 @@ def load_cluster_inputs(
 
 def run_overheads(db: str | Path, run_id: str) -> ServingOverheads | None:
     """The run's serving overheads: those stored in `overhead_fits` (`pdlab fit`), else
-    fitted now from its request stages and pass overheads; None when it has neither."""
-    from toolkit.fit_overheads import fit_samples, load_overheads, stage_samples
+    fitted now from its request stages and pass overheads, with its requests' stage
+    vectors drawn jointly (models.overheads); None when it has neither."""
+    from toolkit.fit_overheads import (
+        REQUEST_STAGE_COLUMNS,
+        fit_samples,
+        load_overheads,
+        request_matrix,
+        stage_samples,
+    )
 
     with open_run(db, run_id) as run:
         stored = load_overheads(run)
         got = stored if stored is not None else fit_samples(stage_samples(run))
+        joint = request_matrix(run) if got else None
+    if joint is not None:
+        got = replace(got, joint_stages=REQUEST_STAGE_COLUMNS, joint_s=joint)
     return got or None
 
 

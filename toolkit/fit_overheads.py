@@ -68,7 +68,7 @@ SELECT
   t_done - greatest(t_last_emit, coalesce({answer}, t_last_emit)) AS last_out
 FROM s
 """
-_REQUEST_STAGES = (
+REQUEST_STAGE_COLUMNS = _REQUEST_STAGES = (
     "ingress",
     "prefill_wait",
     "handoff",
@@ -98,24 +98,31 @@ def _columns(run: Run, table: str) -> set[str]:
     }
 
 
+def request_matrix(run: Run) -> npt.NDArray[np.float64] | None:
+    """One row per completed request of `run`, one column per request stage
+    (`REQUEST_STAGE_COLUMNS`), NaN where it was not measured; None without stage rows."""
+    if not {"requests", "request_stages"} <= _tables(run):
+        return None
+    # (t_prefill_answer: absent in runs recorded before it was)
+    cols = _columns(run, "request_stages")
+    answer = "t_prefill_answer" if "t_prefill_answer" in cols else "NULL::DOUBLE"
+    frame = run.con.execute(_STAGE_SQL.format(answer=answer), {"run": run.run_id}).fetchnumpy()
+    if not len(frame["ingress"]):
+        return None
+    return np.column_stack(
+        [np.ma.filled(np.ma.asarray(frame[s], dtype=np.float64), np.nan) for s in _REQUEST_STAGES]
+    )
+
+
 def stage_samples(run: Run) -> Samples:
     """Each stage's durations in `run` (and, for pass stages, the passes' sequences);
     stages the run did not record are absent."""
     tables = _tables(run)
     out: Samples = {}
-    needed = {"requests", "request_stages", "prefill_iterations", "decode_iterations"}
-    if needed <= tables:
-        # (t_prefill_answer: absent in runs recorded before it was)
-        answer = (
-            "t_prefill_answer"
-            if "t_prefill_answer" in _columns(run, "request_stages")
-            else "NULL::DOUBLE"
-        )
-        sql = _STAGE_SQL.format(answer=answer)
-        frame = run.con.execute(sql, {"run": run.run_id}).fetchnumpy()
-        for stage in _REQUEST_STAGES:
-            col = frame[stage]
-            x = np.ma.filled(np.ma.asarray(col, dtype=np.float64), np.nan)  # NULL -> nan
+    joint = request_matrix(run)
+    if joint is not None:
+        for i, stage in enumerate(_REQUEST_STAGES):
+            x = joint[:, i]
             x = x[np.isfinite(x)]
             if x.size:
                 out[stage] = (x, None)

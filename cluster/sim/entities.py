@@ -48,6 +48,7 @@ class SimRequest:
         "kv_pinned",
         "kv_private",
         "measured",
+        "overhead_row",
         "path",
         "preemptions",
         "prefill_node",
@@ -116,6 +117,7 @@ class SimRequest:
         self.t_done: float | None = None
         # serving overheads: when a live proxy would have the prefill engine's answer
         self.answer_t = float("-inf")
+        self.overhead_row = -1  # its row of the overheads' joint stage vectors (-1: none)
         # Decode iterations left are `decode_end` less the clock of the decode batch the call
         # is in (`decode_clock`; None out of a batch: `decode_end` is then the count itself).
         self.decode_end = 0

@@ -174,7 +174,7 @@ class PrefillStage:
         # A live engine that was idle wakes up and schedules first (`prefill_wait`); after
         # the forward its loop spends the pass's CPU overhead before it can run another.
         if node.worked_t < self.kernel.now:
-            dur += over.draw("prefill_wait")
+            dur += over.draw("prefill_wait", row=batch[0][0].overhead_row)
         after = over.draw("prefill_pass", len(batch))
         self.launch(node, batch, dur, total)
         self.kernel.push(self.kernel.now + dur, PREFILL_END, self.end, node, batch, after)
