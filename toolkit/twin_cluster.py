@@ -100,10 +100,12 @@ def run_cluster_twin(
     samples: int = BOOTSTRAP_SAMPLES,
     seed: int = 0,
     rescale: bool = True,
+    overheads: bool = True,
 ) -> ClusterTwinResult:
     """Simulate one cluster run's requests and compare (module docstring); `rescale` False
-    prices passes by the fits as they are (toolkit.cluster_inputs.mean_scale)."""
-    inputs = load_cluster_inputs(db, run_id, rescale=rescale)
+    prices passes by the fits as they are (toolkit.cluster_inputs.mean_scale), `overheads`
+    False leaves the run's serving overheads out (the passes alone, as before them)."""
+    inputs = load_cluster_inputs(db, run_id, rescale=rescale, overheads_on=overheads)
     c, reqs = inputs.cluster, inputs.requests
     arrival = reqs["t_arrival"].to_numpy().astype(float)
     span_s = float(reqs["t_done"].to_numpy().max() - arrival.min())

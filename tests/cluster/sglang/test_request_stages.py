@@ -23,7 +23,9 @@ from cluster.workloads.program import Program, Segment, SegmentIds
 from telemetry import open_reader
 from toolkit.commands_serve_sglang import create_sglang_app
 
-# The order a PD request lives its stages in (requests.* and request_stages.*).
+# The order a PD request lives its stages in (requests.* and request_stages.*), along the
+# engines' path; the proxy forwards the first token somewhere between the decode engine
+# emitting it and the request's end (after the last token's emission, when it lags).
 ORDER = (
     "t_arrival",
     "t_dispatched",
@@ -34,10 +36,10 @@ ORDER = (
     "t_kv_ready",
     "t_decode_join",
     "t_first_emit",
-    "t_first_token",
     "t_last_emit",
     "t_done",
 )
+FIRST = ("t_first_emit", "t_first_token", "t_done")
 
 
 def _agent(program_id: str) -> Program:
@@ -67,34 +69,42 @@ def live_db(tmp_path_factory):  # type: ignore[no-untyped-def]
     try:
         server.start()
         tokens = TokenMap(vocab_lo=1, vocab_hi=256, token_scale=1.0, seed=1)
-        programs = [_agent(f"agent-{i}") for i in range(3)]
+        programs = [_agent(f"agent-{i}") for i in range(7)]
         results = asyncio.run(play_programs(server.url, programs, tokens, max_output_tokens=6))
-        assert len(results) == 9 and {r.status for r in results} == {200}
+        assert len(results) == 21 and {r.status for r in results} == {200}
+        # the refit hands the measured overheads to the router and the planner
+        cluster.refit_models()
+        with cluster.cp.lock:
+            priced = (cluster.cp.view.overhead_s, cluster.cp.models())
     finally:
         server.stop()
         for e in engines:
             e.stop()
-    return db
+    return db, priced
 
 
 def test_every_request_has_its_stages_in_the_order_it_lived_them(live_db) -> None:  # type: ignore[no-untyped-def]
-    r = open_reader(live_db)
+    r = open_reader(live_db[0])
     reqs = r.table("requests")
     stages = r.table("request_stages")
-    assert stages.height == reqs.height == 9
+    assert stages.height == reqs.height == 21
     rows = reqs.join(stages, on=["run_id", "request_id"])
-    assert rows.height == 9
-    for col in ORDER:
+    assert rows.height == 21
+    for col in (*ORDER, *FIRST):
         assert rows[col].null_count() == 0, col
     for row in rows.iter_rows(named=True):
-        times = [row[c] for c in ORDER]
-        assert times == sorted(times), dict(zip(ORDER, times, strict=True))
+        for chain in (ORDER, FIRST):
+            times = [row[c] for c in chain]
+            assert times == sorted(times), dict(zip(chain, times, strict=True))
     # the agents stream: the first token left the decode engine before the last one
     assert (rows["t_last_emit"] > rows["t_first_emit"]).all()
+    # the proxy had the prefill's answer after the prefill pass, before the request ended
+    assert (rows["t_prefill_answer"] >= rows["t_prefill_done"]).all()
+    assert (rows["t_prefill_answer"] <= rows["t_done"]).all()
 
 
 def test_iteration_rows_carry_the_passes_cpu_overhead_and_cpu_time(live_db) -> None:  # type: ignore[no-untyped-def]
-    r = open_reader(live_db)
+    r = open_reader(live_db[0])
     for name in ("prefill_iterations", "decode_iterations"):
         t = r.table(name)
         assert t.height > 0
@@ -105,3 +115,17 @@ def test_iteration_rows_carry_the_passes_cpu_overhead_and_cpu_time(live_db) -> N
         # the forward's CPU time: measured for every pass, at most its wall time
         assert t["cpu_s"].null_count() == 0, name
         assert (t["cpu_s"] <= t["duration_s"] + 1e-4).all(), name
+
+
+def test_the_live_router_and_planner_price_the_measured_overheads(live_db) -> None:  # type: ignore[no-untyped-def]
+    db, (ttft_overhead_s, models) = live_db
+    r = open_reader(db)
+    rows = r.table("requests").join(r.table("request_stages"), on=["run_id", "request_id"])
+    # at least the proxy-to-queue, hand-off and join stages of the first token, on average
+    floor = (rows["t_prefill_queued"] - rows["t_arrival"]).mean() + (
+        rows["t_kv_ready"] - rows["t_prefill_done"]
+    ).mean()
+    assert ttft_overhead_s >= 0.9 * floor > 0
+    # every node's Eq. 4 charges the decode passes' CPU overhead (the prefill's needs
+    # overhead_stats.MIN_SAMPLES passes, more than this short run's ~20)
+    assert all(m.decode_overhead.per_pass_s > 0 for m in models.values())
