@@ -25,6 +25,22 @@ EXIT_INPUT = 2
 EXIT_NOTHING_FITTED = 1
 
 
+def run_overheads(db: Path, run_id: str, write: bool) -> Any:
+    """The run's serving overheads (empty unless it is a live PD cluster's, with request
+    stages), stored in overhead_fits when `write`."""
+    from models.overheads import ServingOverheads
+    from toolkit.fit_overheads import fit_overheads, save_overheads
+    from toolkit.fitting import FitInputError
+
+    try:
+        _, overheads = fit_overheads(db, run_id)
+        if write and overheads:
+            save_overheads(db, run_id, overheads)
+    except FitInputError:  # a database of another tool: the iteration fits alone
+        return ServingOverheads()
+    return overheads
+
+
 def _fail(message: str) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(EXIT_INPUT)
@@ -152,7 +168,7 @@ def fit_command(
 ) -> None:
     """Fit prefill (Eq. 1) and decode (Eq. 2) iteration-time models per node of a run."""
     from toolkit.fit_forms import fit_run_forms
-    from toolkit.fit_overheads import fit_overheads, overheads_json, print_overheads, save_overheads
+    from toolkit.fit_overheads import overheads_json, print_overheads
     from toolkit.fitting import FitInputError, fit_run, save_fits, to_json
 
     if ci not in ("time", "rows"):
@@ -175,9 +191,7 @@ def fit_command(
                 target=target,  # type: ignore[arg-type]
             )
         written = save_fits(db, result) if write else None
-        _, overheads = fit_overheads(db, result.run_id)
-        if write and overheads:
-            save_overheads(db, result.run_id, overheads)
+        overheads = run_overheads(db, result.run_id, write)
     except FitInputError as exc:
         _fail(str(exc))
         return

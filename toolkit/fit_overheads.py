@@ -116,16 +116,18 @@ def request_matrix(run: Run) -> npt.NDArray[np.float64] | None:
 
 def stage_samples(run: Run) -> Samples:
     """Each stage's durations in `run` (and, for pass stages, the passes' sequences);
-    stages the run did not record are absent."""
+    stages the run did not record are absent, and a run without request stages (not a
+    live PD cluster's) has none."""
     tables = _tables(run)
     out: Samples = {}
     joint = request_matrix(run)
-    if joint is not None:
-        for i, stage in enumerate(_REQUEST_STAGES):
-            x = joint[:, i]
-            x = x[np.isfinite(x)]
-            if x.size:
-                out[stage] = (x, None)
+    if joint is None:
+        return out
+    for i, stage in enumerate(_REQUEST_STAGES):
+        x = joint[:, i]
+        x = x[np.isfinite(x)]
+        if x.size:
+            out[stage] = (x, None)
     for stage, sql in _PASS_SQL.items():
         table = sql.split("FROM ")[1].split()[0]
         if table in tables and "overhead_s" in _columns(run, table):
