@@ -225,7 +225,7 @@ class NodeEngine:
         # decode node (`_first_out`), as SGLang's PD proxy streams it.
         req.t_first_token = now if over is None else None
         if over is not None:
-            req.answer_t = now + over.draw("prefill_out", row=req.overhead_row)
+            req.answer_t = now + self._draw("prefill_out", req)
         rr = RouteRequest(req.request_id, req.program, req.branch_id, req.path, req.t_in, now)
         self.cp.on_prefill_done(rr, node.id, now)
         dnode = self.nodes[req.decode_node]
@@ -234,29 +234,23 @@ class NodeEngine:
             if dnode is not node:
                 dnode.inbound -= 1
                 node.memory.hand_off(req, now)  # nothing to send: its KV is let go here
-                if over is not None:
-                    emit_s = over.draw(
-                        "handoff", row=req.overhead_row
-                    )  # the decode engine answers once it has KV
+                if over is not None:  # the decode engine answers once it has the KV
+                    emit_s = self._draw("handoff", req)
             if over is not None:
-                req.t_first_token = now + emit_s + over.draw("first_out", row=req.overhead_row)
-                out_s = max(emit_s, req.answer_t - now) + over.draw(
-                    "last_out", row=req.overhead_row
-                )
+                req.t_first_token = now + emit_s + self._draw("first_out", req)
+                out_s = max(emit_s, req.answer_t - now) + self._draw("last_out", req)
             self._done(dnode, req, decoded=False, out_s=out_s)
             return
         req.decode_left = math.ceil((req.t_out - 1) / self.profile.t_acc)
         if dnode is node:
             if over is not None:
-                req.t_first_token = now + over.draw("first_out", row=req.overhead_row)
+                req.t_first_token = now + self._draw("first_out", req)
             self._join(node, req)
             return
         # Decode nodes keep running requests' KV in GPU memory and write it through to the
         # pool; they reuse nothing from their own GPU memory, so the whole context moves.
         if over is not None and over.has("handoff"):
-            delay = over.draw(
-                "handoff", row=req.overhead_row
-            )  # measured: hand-over and transfer together
+            delay = self._draw("handoff", req)  # measured: hand-over and transfer together
         else:
             delay = self.profile.transfer_base_s + self.profile.transfer_s_per_token * req.t_in
         self.kernel.push(now + delay, TRANSFER, self._transfer_done, req)
@@ -278,9 +272,7 @@ class NodeEngine:
         ):
             # An idle live decode engine wakes up and loads the KV before the request
             # joins; behind a running batch the join waits for the iteration instead.
-            self.kernel.push(
-                now + over.draw("join", row=req.overhead_row), TRANSFER, self._join, dnode, req
-            )
+            self.kernel.push(now + self._draw("join", req), TRANSFER, self._join, dnode, req)
             return
         self._join(dnode, req)
 
@@ -292,10 +284,12 @@ class NodeEngine:
     def _first_out(self, req: SimRequest) -> None:
         """A request joined its decode batch: its first token goes out to the client."""
         if req.t_first_token is None:
-            assert self.overheads is not None
-            req.t_first_token = self.kernel.now + self.overheads.draw(
-                "first_out", row=req.overhead_row
-            )
+            req.t_first_token = self.kernel.now + self._draw("first_out", req)
+
+    def _draw(self, stage: str, req: SimRequest) -> float:
+        """A duration of `stage` for `req` (from its row of the joint stages, if any)."""
+        assert self.overheads is not None
+        return self.overheads.draw(stage, row=req.overhead_row)
 
     def _done(
         self, node: SimNode, req: SimRequest, decoded: bool = True, out_s: float | None = None
@@ -310,7 +304,7 @@ class NodeEngine:
             self.on_request_done(req)
         else:
             if out_s is None:
-                out_s = max(req.answer_t - now, 0.0) + over.draw("last_out", row=req.overhead_row)
+                out_s = max(req.answer_t - now, 0.0) + self._draw("last_out", req)
             self.kernel.push(now + out_s, DECODE_END, self._complete, req)
         if node.switch is not None and node.idle():
             self.on_switch_ready(node)
