@@ -5,10 +5,9 @@ A cluster run is one whose config names its nodes and split: a live torch or SGL
 (`"engines"`: each engine's role, KV page size, chunk budget and KV capacity; `"cluster"`: the
 router, decode binder and KV fetch) or a simulated run (`"nodes"`, `"split"`, the preset
 profile). Each node is priced by the run's own iteration logs: `toolkit.fit_forms` fits
-each node's forms chosen by cross-validation (Eq. 1 and Eq. 2 or their extensions; on the
-engine thread's CPU time where the engine measured it, the passes' work without the host's
-contention), holding 20% of the iterations out to measure the fits' MAPE (or none when a
-phase has too few iterations to fit otherwise), and
+each node's forms chosen by cross-validation (Eq. 1 and Eq. 2 or their extensions) to its
+passes' wall time (`TARGET`), holding 20% of the iterations out to measure the fits' MAPE
+(or none when a phase has too few iterations to fit otherwise), and
 `cluster.hardware.profiles.from_fit_doc` combines them per phase (the prefill nodes' fits
 price prefill, the decode nodes' fits decode, sample-weighted; the simulator prices every
 node of a phase alike) on a base profile holding the engine's block size, chunk budget, KV
@@ -53,6 +52,9 @@ from toolkit.fitting import FitInputError, RunFit, to_json
 from toolkit.queries.run import open_run
 
 HOLDOUT = 0.2  # iterations held out of the fits to measure their MAPE
+# The twin prices passes in wall time: forms fitted to it carry how the share of a core an
+# engine gets falls as the cluster gets busy (larger batches), which the passes' CPU time
+# (`pdlab fit`'s default where measured) times one ratio would miss.
 TARGET = "wall"
 REQUEST_COLUMNS = (
     "request_id",
