@@ -8,11 +8,12 @@ columns in later schema versions; they never lose or rename one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pyarrow as pa
 
 from telemetry.schema_imported import imported_tables
+from telemetry.columns import RUN_ID, Column
+from telemetry.columns import column as _c
+from telemetry.schema_serving import CPU, OVERHEAD, SERVING_TABLES
 
 SCHEMA_VERSION = 1
 META_TABLE = "pdlab_meta"
@@ -27,38 +28,6 @@ RUN_STATUS_DDL = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Column:
-    """One column: DuckDB type, Arrow type, the checks applied at the boundary, and what it
-    means (`doc`, with `unit`), from which docs/telemetry.md is generated."""
-
-    name: str
-    sql: str
-    arrow: pa.DataType
-    nullable: bool = False
-    nonnegative: bool = False
-    positive: bool = False
-    allowed: tuple[str, ...] | None = None  # categorical values
-    node_ref: bool = False  # must name a node of the run
-    doc: str = ""
-    unit: str = ""
-
-
-def _c(name: str, sql: str, doc: str = "", unit: str = "", **kw: object) -> Column:
-    arrow = {
-        "VARCHAR": pa.string(),
-        "INTEGER": pa.int32(),
-        "BIGINT": pa.int64(),
-        "DOUBLE": pa.float64(),
-        "BOOLEAN": pa.bool_(),
-        "TIMESTAMP": pa.timestamp("us"),
-        "JSON": pa.string(),
-        "DOUBLE[]": pa.list_(pa.float64()),
-    }[sql]
-    return Column(name, sql, arrow, doc=doc, unit=unit, **kw)  # type: ignore[arg-type]
-
-
-RUN_ID = _c("run_id", "VARCHAR", "the run the row belongs to (`runs.run_id`)")
 NODE = _c(
     "node_id", "INTEGER", "the node (`nodes.node_id` of the run)", nonnegative=True, node_ref=True
 )
@@ -142,6 +111,8 @@ TABLES: dict[str, tuple[Column, ...]] = {
             nonnegative=True,
         ),
         EXPERTS_ACTIVE,
+        OVERHEAD,
+        CPU,
     ),
     "prefill_iteration_requests": (
         RUN_ID,
@@ -179,6 +150,8 @@ TABLES: dict[str, tuple[Column, ...]] = {
         ),
         _c("ctx_tokens", "BIGINT", "total context of the batch's requests", _TOK, nonnegative=True),
         EXPERTS_ACTIVE,
+        OVERHEAD,
+        CPU,
     ),
     "requests": (
         RUN_ID,
@@ -423,6 +396,13 @@ TABLES: dict[str, tuple[Column, ...]] = {
             "and coef holds them in the form's order; NULL in older rows",
             nullable=True,
         ),
+        _c(
+            "target",
+            "VARCHAR",
+            "what was fitted: duration_s (wall seconds) or cpu_s (the engine thread's CPU "
+            "seconds, where measured); NULL in older rows",
+            nullable=True,
+        ),
     ),
     # One row per finished agent program (paper 003 §3.1: JCT and preemptions per program;
     # attained service A_p = sum over its calls of first admission to completion).
@@ -453,6 +433,12 @@ TABLES: dict[str, tuple[Column, ...]] = {
 }
 # Imported real runs and their references (telemetry.schema_imported).
 TABLES.update(imported_tables(_c, RUN_ID))
+
+# Live PD clusters' request stages and fitted serving overheads (telemetry.schema_serving)
+# come right after `requests`.
+_items = list(TABLES.items())
+_at = list(TABLES).index("requests") + 1
+TABLES = dict([*_items[:_at], *SERVING_TABLES.items(), *_items[_at:]])
 
 # Columns whose values must be finite (no NaN/inf) when present.
 FLOAT_TYPES = ("DOUBLE",)

@@ -26,6 +26,9 @@ TABLE_DOCS: dict[str, str] = {
     "prefill_iteration_requests": "One row per request (chunk) in a prefill iteration.",
     "decode_iterations": "One row per decode forward pass of a node (Eq. 2).",
     "requests": "One row per finished LLM call (turn of an agent program).",
+    "request_stages": "One row per request a live PD proxy answered: when it passed each "
+    "stage between the proxy and the engines (their serving overheads: `pdlab fit-overheads`, "
+    "models.overheads). Join `requests` on request_id for t_arrival, t_first_token, t_done.",
     "branch_events": "One row per event of an agent branch (Alg. E.1's branch table).",
     "kv_events": "One row per KV block stored or removed, or per tier cleared, on a node "
     "(the events that build the KV directory).",
@@ -36,6 +39,8 @@ TABLE_DOCS: dict[str, str] = {
     "(Eq. 6) at the end of a window.",
     "router_decisions": "One row per routing decision (Alg. E.3's inner loop).",
     "model_fits": "One row per node and phase fitted by `pdlab fit` (Eq. 1, Eq. 2).",
+    "overhead_fits": "One row per stage of a PD cluster run's serving overheads fitted as a "
+    "distribution (models.overheads): what the passes do not account for.",
     "programs": "One row per finished agent program (paper 003 §3.1).",
     "cluster_instances": "One row per engine instance of an imported cluster run "
     "(`pdlab import lss-run`): what it serves, on what, and its memory, links and prefix tiers.",

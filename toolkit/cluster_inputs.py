@@ -4,9 +4,10 @@ its finished requests, and the open-loop trace that replays them (SPEC §9; pape
 A cluster run is one whose config names its nodes and split: a live torch or SGLang cluster
 (`"engines"`: each engine's role, KV page size, chunk budget and KV capacity; `"cluster"`: the
 router, decode binder and KV fetch) or a simulated run (`"nodes"`, `"split"`, the preset
-profile). Each node is priced by the run's own iteration logs: `toolkit.fitting.fit_run`
-fits Eq. 1 and Eq. 2 per node (holding 20% of the iterations out to measure the fits' MAPE,
-or none when a phase has too few iterations to fit otherwise) and
+profile). Each node is priced by the run's own iteration logs: `toolkit.fit_forms` fits
+each node's forms chosen by cross-validation (Eq. 1 and Eq. 2 or their extensions) to its
+passes' wall time (`TARGET`), holding 20% of the iterations out to measure the fits' MAPE
+(or none when a phase has too few iterations to fit otherwise), and
 `cluster.hardware.profiles.from_fit_doc` combines them per phase (the prefill nodes' fits
 price prefill, the decode nodes' fits decode, sample-weighted; the simulator prices every
 node of a phase alike) on a base profile holding the engine's block size, chunk budget, KV
@@ -14,7 +15,11 @@ capacity and MoE shape, with no noise and no context term the fits did not have.
 minimize relative error (what held-out MAPE rewards), which under heavy-tailed noise prices
 a typical pass, not the mean one; a simulator adds pass times, so each phase's coefficients
 are multiplied by the run's summed measured pass time over the summed time the fits give
-its passes (`mean_scale`: about 1 on a simulator's 3% noise, 2-4x on a loaded CPU).
+its passes (`mean_scale`: about 1 on a simulator's 3% noise; on a loaded CPU the share of a
+core the engines got, 2-4x). A live run's serving overheads (the time around the passes:
+proxy, wake-up, KV hand-off, decode join, streaming, each pass's CPU overhead) come from
+its `overhead_fits` or its request stages (`run_overheads`, toolkit.fit_overheads) and are
+priced by the simulator where they happen (SimConfig.overheads).
 
 The workload follows what the run recorded rather than regenerating it: the agent loop of a
 live run waits in wall time for tool pauses, caps response lengths and scales token counts,
@@ -41,10 +46,16 @@ import polars as pl
 from cluster.core import ConfigError
 from cluster.hardware.profiles import PRESETS, HardwareProfile, from_fit_doc
 from cluster.sim.config import parse_split
-from toolkit.fitting import FitInputError, RunFit, fit_run, to_json
+from models.overheads import ServingOverheads
+from toolkit.fit_forms import fit_run_forms
+from toolkit.fitting import FitInputError, RunFit, to_json
 from toolkit.queries.run import open_run
 
 HOLDOUT = 0.2  # iterations held out of the fits to measure their MAPE
+# The twin prices passes in wall time: forms fitted to it carry how the share of a core an
+# engine gets falls as the cluster gets busy (larger batches), which the passes' CPU time
+# (`pdlab fit`'s default where measured) times one ratio would miss.
+TARGET = "wall"
 REQUEST_COLUMNS = (
     "request_id",
     "t_arrival",
@@ -86,6 +97,9 @@ class ClusterInputs(NamedTuple):
     profile: HardwareProfile  # the fits' coefficients times `scale`
     scale: tuple[float, float]  # (prefill, decode): measured / modelled pass time, summed
     requests: pl.DataFrame  # finished requests (REQUEST_COLUMNS), by arrival
+    # the run's serving overheads (stored in overhead_fits, else fitted from its stages);
+    # None when it recorded none (a simulated run, an engine without stage stamps)
+    overheads: ServingOverheads | None = None
 
 
 def recorded_cluster(config: dict[str, Any], source: str, switches: int) -> RecordedCluster:
@@ -195,31 +209,46 @@ def fitted_profile(
 
 def mean_scale(run: Any, profile: HardwareProfile) -> tuple[float, float]:
     """Per phase, the run's summed pass time over the summed time `profile` prices its
-    passes at (module docstring: the fits are relative, the simulator adds times)."""
-    c0, c1, c2, c3 = profile.prefill
-    n, t_uc, pairs, t_rst, took = run.rows(
-        "SELECT count(*), sum(t_uc), sum(attn_pairs), sum(t_rst), sum(duration_s) "
-        "FROM prefill_iterations WHERE run_id = ?",
+    passes at, every term of its forms included (module docstring: the fits are relative,
+    or of the passes' CPU time, and the simulator adds wall times)."""
+    took = modelled = 0.0
+    for t_uc, pairs, t_rst, t_c, dur in run.rows(
+        "SELECT t_uc, attn_pairs, t_rst, t_c, duration_s FROM prefill_iterations WHERE run_id = ?",
         [run.run_id],
-    )[0]
-    modelled = c0 * n + c1 * t_uc + c2 * pairs + c3 * t_rst
-    prefill = float(took) / modelled if modelled > 0 else 1.0
+    ):
+        modelled += profile.prefill_time(float(t_uc), float(pairs), float(t_rst), float(t_c))
+        took += float(dur)
+    prefill = took / modelled if modelled > 0 else 1.0
     modelled = took = 0.0
-    for batch, count, total in run.rows(
-        "SELECT batch_size, count(*), sum(duration_s) FROM decode_iterations "
+    for batch, ctx, total in run.rows(
+        "SELECT batch_size, list(ctx_tokens::DOUBLE), sum(duration_s) FROM decode_iterations "
         "WHERE run_id = ? GROUP BY batch_size",
         [run.run_id],
     ):
-        modelled += count * float(profile.decode_times(int(batch), np.zeros(1))[0])
+        modelled += float(profile.decode_times(int(batch), np.asarray(ctx)).sum())
         took += float(total)
     return prefill, (took / modelled if modelled > 0 else 1.0)
 
 
+def scaled(profile: HardwareProfile, prefill: float, decode: float) -> HardwareProfile:
+    """`profile` with every prefill term times `prefill` and every decode term times
+    `decode` (the knee stays: it is a token count)."""
+    return replace(
+        profile,
+        prefill=tuple(c * prefill for c in profile.prefill),  # type: ignore[arg-type]
+        prefill_kv_read_s_per_token=profile.prefill_kv_read_s_per_token * prefill,
+        prefill_expert_s=profile.prefill_expert_s * prefill,
+        decode=tuple(d * decode for d in profile.decode),  # type: ignore[arg-type]
+        decode_ctx_s_per_token=profile.decode_ctx_s_per_token * decode,
+    )
+
+
 def load_cluster_inputs(
-    db: str | Path, run_id: str | None, *, rescale: bool = True
+    db: str | Path, run_id: str | None, *, rescale: bool = True, overheads_on: bool = True
 ) -> ClusterInputs:
-    """Settings, fits, profile and finished requests of one cluster run (module docstring);
-    `rescale` False keeps the fits' coefficients as they are."""
+    """Settings, fits, profile, finished requests and serving overheads of one cluster run
+    (module docstring); `rescale` False keeps the fits' coefficients as they are,
+    `overheads_on` False leaves the overheads out (the passes alone)."""
     with open_run(db, run_id) as run:
         rid = run.run_id
         source = str(run.scalar("SELECT source FROM runs WHERE run_id = ?", [rid]))
@@ -253,10 +282,10 @@ def load_cluster_inputs(
         raise ConfigError(f"run {rid!r} has no finished requests to replay")
     shape = (int(shapes[0][0]), int(shapes[0][1])) if shapes else (0, 0)
     try:
-        fits = fit_run(db, rid, bootstrap=0, holdout=HOLDOUT)
+        fits = fit_run_forms(db, rid, form="auto", bootstrap=0, holdout=HOLDOUT, target=TARGET)
         if not (any(n.prefill.ok for n in fits.nodes) and any(n.decode.ok for n in fits.nodes)):
             # too few iterations to hold some out (a short run): fit on all of them
-            fits = fit_run(db, rid, bootstrap=0, holdout=0.0)
+            fits = fit_run_forms(db, rid, form="auto", bootstrap=0, holdout=0.0, target=TARGET)
     except FitInputError as exc:
         raise ConfigError(str(exc)) from None
     profile = fitted_profile(fits, cluster, shape)
@@ -264,12 +293,30 @@ def load_cluster_inputs(
     if rescale:
         with open_run(db, rid) as run:
             scale = mean_scale(run, profile)
-        profile = replace(
-            profile,
-            prefill=tuple(c * scale[0] for c in profile.prefill),  # type: ignore[arg-type]
-            decode=tuple(d * scale[1] for d in profile.decode),  # type: ignore[arg-type]
-        )
-    return ClusterInputs(rid, cluster, fits, profile, scale, df)
+        profile = scaled(profile, *scale)
+    overheads = run_overheads(db, rid) if overheads_on else None
+    return ClusterInputs(rid, cluster, fits, profile, scale, df, overheads)
+
+
+def run_overheads(db: str | Path, run_id: str) -> ServingOverheads | None:
+    """The run's serving overheads: those stored in `overhead_fits` (`pdlab fit`), else
+    fitted now from its request stages and pass overheads, with its requests' stage
+    vectors drawn jointly (models.overheads); None when it has neither."""
+    from toolkit.fit_overheads import (
+        REQUEST_STAGE_COLUMNS,
+        fit_samples,
+        load_overheads,
+        request_matrix,
+        stage_samples,
+    )
+
+    with open_run(db, run_id) as run:
+        stored = load_overheads(run)
+        got = stored if stored is not None else fit_samples(stage_samples(run))
+        joint = request_matrix(run) if got else None
+    if joint is not None:
+        got = replace(got, joint_stages=REQUEST_STAGE_COLUMNS, joint_s=joint)
+    return got or None
 
 
 def priming_s(profile: HardwareProfile, tokens: int) -> float:

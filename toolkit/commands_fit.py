@@ -3,7 +3,8 @@
 `pdlab fit DB` fits Eq. 1 / Eq. 2 (or, with --form, the forms of models.forms chosen per
 node and phase by cross-validation: toolkit.fit_forms) per node of one run, prints a rich
 table or, with --json, exactly one JSON object on stdout, and stores the fits in
-`model_fits`. A node whose data cannot determine a model gets a message in its entry and
+`model_fits`; a live PD cluster run's serving overheads per stage (toolkit.fit_overheads)
+are printed and stored in `overhead_fits` too. A node whose data cannot determine a model gets a message in its entry and
 the command still succeeds, unless no node and phase could be fitted at all (exit code 1);
 a database that cannot be fitted (missing file or tables, a table that breaks the schema,
 unknown run, several runs without --run) is a one-line error with exit code 2. A run that
@@ -22,6 +23,22 @@ from rich.markup import escape
 
 EXIT_INPUT = 2
 EXIT_NOTHING_FITTED = 1
+
+
+def run_overheads(db: Path, run_id: str, write: bool) -> Any:
+    """The run's serving overheads (empty unless it is a live PD cluster's, with request
+    stages), stored in overhead_fits when `write`."""
+    from models.overheads import ServingOverheads
+    from toolkit.fit_overheads import fit_overheads, save_overheads
+    from toolkit.fitting import FitInputError
+
+    try:
+        _, overheads = fit_overheads(db, run_id)
+        if write and overheads:
+            save_overheads(db, run_id, overheads)
+    except FitInputError:  # a database of another tool: the iteration fits alone
+        return ServingOverheads()
+    return overheads
 
 
 def _fail(message: str) -> None:
@@ -134,7 +151,16 @@ def fit_command(
         help="Intervals: time (resample time windows: covers model error) or rows (row buckets: "
         "sampling noise only).",
     ),
-    write: bool = typer.Option(True, "--write/--no-write", help="Store the fits in model_fits."),
+    target: str = typer.Option(
+        "auto",
+        "--target",
+        help="What the forms predict: wall (each pass's duration_s), cpu (the engine thread's "
+        "CPU time of it, cpu_s: its work, without what a loaded host gave other processes), "
+        "auto (cpu where every row of the phase has it, else wall).",
+    ),
+    write: bool = typer.Option(
+        True, "--write/--no-write", help="Store the fits in model_fits (and overhead_fits)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
     wide: bool = typer.Option(
         False, "--wide", help="One line per coefficient with its 95% CI (needs ~120 columns)."
@@ -142,12 +168,15 @@ def fit_command(
 ) -> None:
     """Fit prefill (Eq. 1) and decode (Eq. 2) iteration-time models per node of a run."""
     from toolkit.fit_forms import fit_run_forms
+    from toolkit.fit_overheads import overheads_json, print_overheads
     from toolkit.fitting import FitInputError, fit_run, save_fits, to_json
 
     if ci not in ("time", "rows"):
         _fail(f"--ci must be 'time' or 'rows', got {ci!r}")
+    if target not in ("auto", "wall", "cpu"):
+        _fail(f"--target must be auto, wall or cpu, got {target!r}")
     try:
-        if form == "paper" and ci == "rows":
+        if form == "paper" and ci == "rows" and target == "wall":
             result = fit_run(db, run, node, holdout=holdout, bootstrap=bootstrap, seed=seed)
         else:
             result = fit_run_forms(
@@ -159,19 +188,23 @@ def fit_command(
                 bootstrap=bootstrap,
                 ci="rows" if ci == "rows" else "time",
                 seed=seed,
+                target=target,  # type: ignore[arg-type]
             )
         written = save_fits(db, result) if write else None
+        overheads = run_overheads(db, result.run_id, write)
     except FitInputError as exc:
         _fail(str(exc))
         return
     if as_json:
         out = to_json(result)
         out["model_fits_written"] = written or 0
+        out["overheads"] = overheads_json(overheads)
         if result.note:
             typer.echo(f"warning: {result.note}", err=True)
         typer.echo(json.dumps(out))
     else:
         _print_table(result, written, wide)
+        print_overheads(overheads)
     if not any(f.ok for n in result.nodes for f in (n.prefill, n.decode)):
         typer.echo(f"error: no model could be fitted from run {result.run_id}", err=True)
         raise typer.Exit(EXIT_NOTHING_FITTED)

@@ -270,6 +270,10 @@ def _cluster_twin(
         f"by the run's fits (held-out MAPE: {fits}) times {c['scale']['prefill']:.2f} "
         f"(prefill) and {c['scale']['decode']:.2f} (decode), their measured / modelled pass time"
     )
+    if c["overheads"]:
+        o = c["overheads"]
+        parts = ", ".join(f"{k} {1e3 * v['mean_s']:.1f}" for k, v in o.items())
+        console.print(f"serving overheads (mean ms, from the run's request stages): {parts}")
     if c["switches"]:
         console.print(
             f"[yellow]note:[/yellow] the run switched phases {c['switches']} times; the twin "

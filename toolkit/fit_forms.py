@@ -20,8 +20,9 @@ Intervals (`ci`):
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from models.fitting import FitError, GramStats, bootstrap_ci, fit_from_gram
 from models.forms import (
@@ -52,6 +53,7 @@ from toolkit.fitting import (
 )
 
 CiMethod = Literal["time", "rows"]
+Target = Literal["auto", "wall", "cpu"]
 NUM_TIME_BLOCKS = 20
 CV_FOLDS = 5
 # Each node's iterations split into NUM_TIME_BLOCKS equal windows of its own time span.
@@ -70,19 +72,26 @@ def _total(buckets: list[GramStats], p: int) -> GramStats:
     return total
 
 
-def form_sql(form: Form) -> PhaseSql:
-    """How a form's design row is computed in SQL from its phase's iteration table."""
+def form_sql(form: Form, target: str = "wall") -> PhaseSql:
+    """How a form's design row is computed in SQL from its phase's iteration table, as a
+    prediction of the pass's wall time or (`target` "cpu") of its engine thread's CPU time."""
     base = PHASE_SQL["prefill" if form.phase == "prefill" else "decode"]
+    if target == "cpu":
+        valid = f"{base.valid} AND t.cpu_s > 0 AND isfinite(t.cpu_s)"
+        base = replace(base, target="t.cpu_s", valid=valid)
     if form.phase == "prefill":
         if form.name == "paper":
             return base
         uc = f"CASE WHEN t.t_uc > 0 THEN greatest(t.t_uc::DOUBLE, {form.knee_tokens!r}) ELSE t.t_uc::DOUBLE END"
         if form.name == "floor":
-            return PhaseSql(base.table, form.terms, (uc, *base.features[1:]), base.valid, False)
+            return PhaseSql(
+                base.table, form.terms, (uc, *base.features[1:]), base.valid, False, base.target
+            )
         # roofline: + sum t_c (KV read) + phi(sum t_uc) (m.log_base = ln(1 - k/E), 0 if dense)
         extra = ("t.t_c::DOUBLE", "1.0 - exp(t.t_uc * m.log_base)")
         valid = f"{base.valid} AND t.t_c >= 0"
-        return PhaseSql(base.table, form.terms, (uc, *base.features[1:], *extra), valid, True)
+        features = (uc, *base.features[1:], *extra)
+        return PhaseSql(base.table, form.terms, features, valid, True, base.target)
     if form.phase == "decode" and form.name == "ctx":
         return PhaseSql(
             base.table,
@@ -90,6 +99,7 @@ def form_sql(form: Form) -> PhaseSql:
             (*base.features, "t.ctx_tokens::DOUBLE"),
             f"{base.valid} AND t.ctx_tokens >= 0",
             True,
+            base.target,
         )
     if form.phase == "decode":
         return base
@@ -205,12 +215,18 @@ def fit_run_forms(
     bootstrap: int = 200,
     ci: CiMethod = "time",
     seed: int = 0,
+    target: Target = "auto",
 ) -> RunFit:
     """Fit each node's prefill and decode with the form `form` names ('auto': chosen by CV).
 
-    Same contract as toolkit.fitting.fit_run (never raises for one node's bad data;
-    FitInputError when the database or run cannot be fitted at all).
+    `target` is what the forms predict: "wall" the pass's duration_s, "cpu" the engine
+    thread's CPU time over it (cpu_s: the pass's work without the time a loaded host gave
+    other processes), "auto" cpu_s for a phase whose every row of the run has it, else
+    duration_s. Same contract as toolkit.fitting.fit_run (never raises for one node's bad
+    data; FitInputError when the database or run cannot be fitted at all).
     """
+    if target not in ("auto", "wall", "cpu"):
+        raise FitInputError(f"target must be auto, wall or cpu, got {target!r}")
     if not 0.0 <= holdout < 1.0:
         raise FitInputError(f"holdout must be a fraction in [0, 1), got {holdout}")
     if bootstrap < 0:
@@ -225,9 +241,13 @@ def fit_run_forms(
         run, note = _checked_run(con, label, db_tables, run_id)
         shapes = _moe_shapes(con, run)
         bases = _log_bases(shapes)
+        targets = {p: _target(con, run, p, target) for p in PHASES}
+        ratios = {p: _wall_per_cpu(con, run, p) if targets[p] == "cpu" else {} for p in PHASES}
         aggs = {
             phase: {
-                f.label: aggregate(con, form_sql(f), run, wanted, threshold, bases, bucket_sql)
+                f.label: aggregate(
+                    con, form_sql(f, targets[phase]), run, wanted, threshold, bases, bucket_sql
+                )
                 for f in pools[phase]
             }
             for phase in PHASES
@@ -248,12 +268,14 @@ def fit_run_forms(
                 fit, notes, f = _choose(
                     n, phase, pools[phase], aggs[phase], problem, bootstrap, ci, seed
                 )
+                if targets[phase] == "cpu":
+                    fit = fit._replace(target="cpu_s", wall_per_cpu=ratios[phase].get(n))
                 per[n] = (fit, notes)
                 if f is not None and fit.coef is not None:
                     chosen.setdefault(f.label, (f, {}))[1][n] = fit.coef
             for f, coefs in chosen.values():
                 for n, (count, value) in heldout_mape(
-                    con, form_sql(f), run, threshold, coefs, bases
+                    con, form_sql(f, targets[phase]), run, threshold, coefs, bases
                 ).items():
                     fit, notes = per[n]
                     per[n] = (fit._replace(mape=value, samples_test=count), notes)
@@ -266,9 +288,49 @@ def fit_run_forms(
         holdout,
         note,
         lambda fit: (
-            [f"form {fit.form} chosen by {CV_FOLDS}-fold CV ({ci} buckets)"] if fit.cv else []
+            ([f"form {fit.form} chosen by {CV_FOLDS}-fold CV ({ci} buckets)"] if fit.cv else [])
+            + _target_note(fit)
         ),
     )
+
+
+def _target(con: Any, run: str, phase: Phase, target: Target) -> str:
+    """The phase's fitted quantity: "cpu" where asked, or ("auto") where every row has it."""
+    if target != "auto":
+        return target
+    table = PHASE_SQL[phase].table
+    cols = {
+        r[0]
+        for r in con.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = ?", [table]
+        ).fetchall()
+    }
+    if "cpu_s" not in cols:
+        return "wall"
+    n, with_cpu = con.execute(
+        f"SELECT count(*), count(cpu_s) FROM {table} WHERE run_id = ?", [run]
+    ).fetchall()[0]
+    return "cpu" if n and n == with_cpu else "wall"
+
+
+def _wall_per_cpu(con: Any, run: str, phase: Phase) -> dict[int, float]:
+    """Per node, its passes' summed wall time over their summed CPU time."""
+    rows = con.execute(
+        f"SELECT node_id, fsum(duration_s) / fsum(cpu_s) FROM {PHASE_SQL[phase].table} "
+        "WHERE run_id = ? AND cpu_s > 0 GROUP BY node_id",
+        [run],
+    ).fetchall()
+    return {int(n): float(r) for n, r in rows if r is not None}
+
+
+def _target_note(fit: PhaseFit) -> list[str]:
+    if fit.target != "cpu_s":
+        return []
+    ratio = "" if fit.wall_per_cpu is None else f"; its wall time was {fit.wall_per_cpu:.2f}x"
+    return [
+        "fitted on cpu_s, the engine thread's CPU time of each pass (the pass's work; the "
+        f"rest of its wall time it waited for a core or the GIL{ratio})"
+    ]
 
 
 def node_models(

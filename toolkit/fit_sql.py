@@ -31,6 +31,7 @@ class PhaseSql:
     features: tuple[str, ...]  # SQL for x_1..x_{p-1}; x_0 is the constant 1
     valid: str
     needs_moe: bool
+    target: str = "t.duration_s"  # what the row's features predict (t.cpu_s: CPU time)
 
 
 PREFILL_SQL = PhaseSql(
@@ -116,7 +117,7 @@ def aggregate(
                    hash(t.node_id, t.iter_id) AS h,
                    {bucket_sql or "NULL"} AS tb,
                    coalesce({spec.valid}, false) AS ok,
-                   CASE WHEN ok THEN 1.0 / t.duration_s END AS w,
+                   CASE WHEN ok THEN 1.0 / {spec.target} END AS w,
                    {", ".join(f"{f} AS {n}" for f, n in zip(feats, names, strict=True))}
             FROM {spec.table} t {join}
             WHERE t.run_id = ?{node_filter}
@@ -164,7 +165,7 @@ def heldout_mape(
     values, params = values_list(rows, cols)
     pred = " + ".join(["m.c0", *(f"m.c{i + 1} * ({f})" for i, f in enumerate(spec.features))])
     sql = f"""
-        SELECT t.node_id, count(*), fsum(abs(({pred}) - t.duration_s) / t.duration_s)
+        SELECT t.node_id, count(*), fsum(abs(({pred}) - {spec.target}) / {spec.target})
         FROM {spec.table} t JOIN {values} ON m.node_id = t.node_id
         WHERE t.run_id = ? AND coalesce({spec.valid}, false) AND hash(t.node_id, t.iter_id) % {HASH_MOD} < ?
         GROUP BY t.node_id

@@ -77,6 +77,11 @@ class PhaseFit(NamedTuple):
     form: str = "paper"
     terms: tuple[str, ...] = ()
     cv: tuple[tuple[str, float], ...] = ()
+    # What was fitted: the pass's wall time (duration_s) or, where the engine measured it,
+    # the engine thread's CPU time (cpu_s: toolkit.fit_forms); with cpu_s, the node's
+    # summed wall over CPU time (how much of a core the host gave it).
+    target: str = "duration_s"
+    wall_per_cpu: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -367,6 +372,9 @@ def _phase_json(fit: PhaseFit) -> dict[str, Any]:
         "fixed": list(fit.fixed),
         "form": fit.form,
     }
+    if fit.target != "duration_s":
+        out["target"] = fit.target
+        out["wall_per_cpu"] = fit.wall_per_cpu
     if fit.terms:
         out["terms"] = list(fit.terms)
     if fit.cv:
@@ -434,6 +442,7 @@ def save_fits(db_path: str | Path, fit: RunFit) -> int:
         "samples": [f.samples for _, f in rows],
         "mape": [f.mape for _, f in rows],
         "form": [f.form for _, f in rows],
+        "target": [f.target for _, f in rows],
     }
     try:
         batch = validate_batch("model_fits", data, fit.run_id)

@@ -6,7 +6,8 @@ its iteration logs into a simulator profile (each phase scaled to the run's meas
 time unless `rescale` is False), and writes its finished requests as an open-loop trace
 (recorded arrivals, input and output lengths, cached prefixes). The cluster simulator
 (cluster.sim) serves that trace on the same nodes, split (kept static: the planner is
-'static'), router, decode binder and KV fetch, and `toolkit.twin_metrics.compare` gives
+'static'), router, decode binder and KV fetch, with the run's serving overheads where it
+measured them (a live run's request stages and pass overheads, models.overheads), and `toolkit.twin_metrics.compare` gives
 per metric (TTFT, TPOT, E2E: mean, P50, P90, P99; throughput) the real and simulated value,
 the relative error sim / real - 1 and its paired bootstrap 95% interval. The simulated
 requests are stored as a run of source 'twin' (`twin-<run>[-n]`) with the real request ids
@@ -27,7 +28,9 @@ from cluster.core import ConfigError
 from cluster.sim.config import SimConfig
 from cluster.sim.entities import SimRequest
 from cluster.sim.simulator import Simulator
+from models.overheads import ServingOverheads
 from toolkit.cluster_inputs import ClusterInputs, load_cluster_inputs, write_trace
+from toolkit.fit_overheads import overheads_json
 from toolkit.twin_metrics import BOOTSTRAP_SAMPLES, Timings, TwinMetric, compare, twin_run_id
 
 
@@ -75,6 +78,8 @@ class ClusterTwinResult(NamedTuple):
                     {
                         "node_id": n.node_id,
                         "phase": f.phase,
+                        "form": f.form,
+                        "target": f.target,
                         "coef": None if f.coef is None else list(f.coef),
                         "mape": f.mape,
                         "samples": f.samples,
@@ -82,6 +87,7 @@ class ClusterTwinResult(NamedTuple):
                     for n in fits.nodes
                     for f in (n.prefill, n.decode)
                 ],
+                "overheads": overheads_json(self.inputs.overheads or ServingOverheads()),
             },
         }
 
@@ -94,10 +100,12 @@ def run_cluster_twin(
     samples: int = BOOTSTRAP_SAMPLES,
     seed: int = 0,
     rescale: bool = True,
+    overheads: bool = True,
 ) -> ClusterTwinResult:
     """Simulate one cluster run's requests and compare (module docstring); `rescale` False
-    prices passes by the fits as they are (toolkit.cluster_inputs.mean_scale)."""
-    inputs = load_cluster_inputs(db, run_id, rescale=rescale)
+    prices passes by the fits as they are (toolkit.cluster_inputs.mean_scale), `overheads`
+    False leaves the run's serving overheads out (the passes alone, as before them)."""
+    inputs = load_cluster_inputs(db, run_id, rescale=rescale, overheads_on=overheads)
     c, reqs = inputs.cluster, inputs.requests
     arrival = reqs["t_arrival"].to_numpy().astype(float)
     span_s = float(reqs["t_done"].to_numpy().max() - arrival.min())
@@ -122,6 +130,7 @@ def run_cluster_twin(
             kv_fetch=c.kv_fetch,
             decode_binder=c.decode_binder,
             telemetry="compact",
+            overheads=inputs.overheads,
         )
         t0 = time.perf_counter()
         sim = Simulator(cfg)

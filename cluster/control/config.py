@@ -30,6 +30,10 @@ class ControlPlaneConfig:
     # (cluster.control.state.form_prefill_time: Eq. 3 plus a form's extra terms) instead of
     # Eq. 3 alone; the planner's Eq. 3 already includes them. Same as Eq. 3 on paper forms.
     prefill_forms: bool = False
+    # A request's expected serving overheads before its first token (a live cluster's proxy,
+    # engine wake-up, KV hand-off, decode join and streaming: models.overheads'
+    # ServingOverheads.ttft_s); the router's predicted TTFT adds them. 0: none (Eq. 7 as is).
+    ttft_overhead_s: float = 0.0
 
 
 def make_planner(cfg: ControlPlaneConfig) -> Planner:

@@ -29,13 +29,7 @@ from cluster.control.planner_driver import (
     decision_rows,
     planner_view,
 )
-from cluster.control.planning import (
-    Planner,
-    PlannerDecision,
-    PlannerView,
-    SwitchMode,
-    WindowStats,
-)
+from cluster.control.planning import Planner, PlannerDecision, PlannerView, SwitchMode, WindowStats
 from cluster.control.routing import DECODE_BINDERS, ROUTERS, DecodeBinder, Router, decision_row
 from cluster.control.snapshots import BranchInfo, RouterSettings, branch_info, directory_stats
 from cluster.control.state import (
@@ -48,13 +42,7 @@ from cluster.control.state import (
     RouteRequest,
     form_prefill_time,
 )
-from cluster.control.switching import (
-    PendingSwitch,
-    SwitchBook,
-    SwitchError,
-    Trigger,
-    switch_row,
-)
+from cluster.control.switching import PendingSwitch, SwitchBook, SwitchError, Trigger, switch_row
 from cluster.core import BlockHash, ConfigError, KVEvent, NullSink, Phase, TelemetrySink
 from cluster.kv.branches import BranchKind, BranchTable
 from cluster.kv.directory import KVDirectory
@@ -94,6 +82,7 @@ class ControlPlane:
             copy_price_s_per_token=cfg.copy_price_s_per_token,
             kv_fetch=cfg.kv_fetch,
             max_report_age_s=cfg.max_report_age_s,
+            overhead_s=cfg.ttft_overhead_s,
         )
         if cfg.prefill_forms:  # the router prices prefill with each node's fitted form
             self.state.prefill_predictors.update(dict.fromkeys(phases, form_prefill_time))
@@ -119,6 +108,12 @@ class ControlPlane:
         if missing:
             raise ConfigError(f"no model for nodes {sorted(missing)}")
         self.state.set_models(models)
+
+    def set_ttft_overhead(self, seconds: float) -> None:
+        """A request's expected serving overheads before its first token (proxy, wake-up,
+        KV hand-off, join, streaming: models.overheads): the router's T_hat adds them."""
+        with self.lock:
+            self.state.overhead_s = max(float(seconds), 0.0)
 
     def set_prefill_predictor(self, node: int, predictor: PrefillPredictor | None) -> None:
         """Price `node`'s prefill with `predictor` (e.g. form_prefill_time); None: Eq. 3."""

@@ -3,8 +3,9 @@
 - `ttft`: predicted TTFT (Eq. 7 + Alg. E.3): for each prefill node n, t_c,n is the longest
   prefix cached on n or anywhere in the shared pool, x_n the part only another node holds;
   W_n = T_rem + sum of Eq. 3 over the node's queue and the requests sent but not yet
-  reported; T_hat = W + T_P^req(w_n) + max(0, tau(x_n) - W) + kappa*x_n; ties go to the
-  longest local prefix. A report older than 5 s is ignored (W then counts sent requests only).
+  reported; T_hat = W + T_P^req(w_n) + max(0, tau(x_n) - W) + kappa*x_n, plus a live
+  cluster's expected serving overheads before the first token (models.overheads: proxy,
+  wake-up, KV hand-off, join, streaming; 0 without); ties go to the longest local prefix. A report older than 5 s is ignored (W then counts sent requests only).
 - `cache-aware`: the SGLang Model Gateway policy: when loads are imbalanced
   (max - min > balance_abs_threshold and max > balance_rel_threshold * min) route to the
   least loaded worker, else to the worker whose approximate tree (built from the requests it
@@ -110,6 +111,7 @@ class PredictedTTFTRouter(_Base):
         prefill_wait = view.prefill_wait
         prefill_time = view.prefill_time
         asynchronous = view.kv_fetch == "async"
+        overhead = view.overhead_s
         for n in cand:
             local = match.per_node[n] * bt
             t_c = cluster_tokens if pool else local
@@ -122,6 +124,8 @@ class PredictedTTFTRouter(_Base):
             tau = fetch_model.time(x) if asynchronous else 0.0
             exposed = max(0.0, tau - wait) if asynchronous else fetch_model.time(x)
             t_hat = wait + service + exposed + kappa * x
+            if overhead:
+                t_hat += overhead
             key = (t_hat, -local, n)
             if best is None or key < best:
                 best = key

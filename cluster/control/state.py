@@ -47,7 +47,14 @@ def eq3_pricer(model: NodeModel) -> Pricer:
         a = t_uc * t_c + t_uc * (t_uc + 1.0) / 2.0
         return c0 * t_uc / t_bar + c1 * t_uc + c2 * a + c3f * t_c
 
-    return eq3
+    if not model.prefill_overhead:
+        return eq3
+
+    def eq3_overhead(t_uc: float, t_c: float) -> float:
+        # the passes' CPU overhead a live engine spends around the forwards (Eq. 3's term)
+        return eq3(t_uc, t_c) + model.prefill_overhead_s(max(t_uc, 0.0))
+
+    return eq3_overhead
 
 
 def form_prefill_time(model: NodeModel, t_uc: float, t_c: float) -> float:
@@ -121,6 +128,9 @@ class ClusterState:
     unavailable: set[int] = field(default_factory=set)  # switching or relaunching nodes
     decode_load: dict[int, int] = field(default_factory=dict)  # bound, unfinished requests
     queue_memo: dict[int, tuple[NodeReport, float]] = field(default_factory=dict)
+    # A request's expected serving overheads before its first token (models.overheads),
+    # added to the router's predicted TTFT; 0 for the simulator without overheads.
+    overhead_s: float = 0.0
     # node -> its prefill predictor; nodes without one are priced with Eq. 3
     prefill_predictors: dict[int, PrefillPredictor] = field(default_factory=dict)
     # Memos (see the module docstring): node -> its pricer; node -> the prices of the first
@@ -235,6 +245,11 @@ class ClusterView:
     @property
     def kv_fetch(self) -> str:
         return self._s.kv_fetch
+
+    @property
+    def overhead_s(self) -> float:
+        """A request's expected serving overheads before its first token (s)."""
+        return self._s.overhead_s
 
     @property
     def phases(self) -> Mapping[int, Phase]:

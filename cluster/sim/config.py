@@ -10,6 +10,7 @@ from cluster.hardware.engine import GIB, EngineSettings
 from cluster.hardware.profiles import HardwareProfile
 from cluster.kv.eviction import EVICTION_POLICIES
 from cluster.policies.guard import DEFAULT_HOOK_BUDGET_S
+from models.overheads import ServingOverheads
 
 # What `fit_form` may name (models.forms; the mixed forms do not apply to the simulator).
 SIM_FORMS = ("paper", "auto", "floor", "roofline", "ctx")
@@ -128,6 +129,11 @@ class SimConfig:
     # The iteration-time forms fitted at the end of warmup (models.forms): "paper" (Eq. 1/2),
     # "auto" (chosen per node by cross-validation) or one form's name.
     fit_form: str = "paper"
+    # Serving overheads of a live PD cluster (models.overheads, fitted from a live run's
+    # stages): delays where a live request spends them (proxy ingress, engine wake-up, KV
+    # hand-off, decode join, streaming out) and each pass's CPU overhead. None: none, the
+    # simulator as before (its draws come from a generator of their own: seed + 1).
+    overheads: ServingOverheads | None = None
 
     def __post_init__(self) -> None:
         for family in ("retention", "scheduling", "dispatch"):

@@ -30,6 +30,7 @@ from cluster.sim.engine_model.pricing import iteration_time
 from cluster.sim.entities import DecodeEpoch, SimRequest
 from cluster.sim.kernel import DECODE_END, EventKernel
 from cluster.sim.node import SimNode
+from models.overheads import OverheadSampler
 
 
 class DecodeStage:
@@ -70,6 +71,10 @@ class DecodeStage:
         self.epoch_token = 0
         self._base: dict[int, float] = {}  # batch size -> decode_base_s (the profile is fixed)
         self._batches: dict[int, DecodeBatch] = {}  # node id -> its decode batch's columns
+        # Serving overheads (models.overheads; None: none): each iteration's CPU overhead,
+        # and a joiner's first token reaching the client (`on_joined`, set with it).
+        self.overheads: OverheadSampler | None = None
+        self.on_joined: Callable[[SimRequest], None] | None = None
 
     def batch(self, node: SimNode) -> DecodeBatch:
         """The node's decode batch with its clock and columns (rebuilt, keeping every
@@ -101,6 +106,9 @@ class DecodeStage:
             node.join_queue, len(node.decode_batch), self.profile.max_decode_batch
         )
         self.batch(node).join(admitted)
+        if self.on_joined is not None:
+            for r in admitted:
+                self.on_joined(r)
         if self.track_waits:
             now = self.kernel.now
             for r in admitted:
@@ -134,6 +142,9 @@ class DecodeStage:
         # per-call cost, with the same IEEE operations in the same order (exact).
         ctx = [ctx0 + (j * b) * t_acc for j in range(k)]
         times = self._times(batch, ctx)
+        over = self.overheads
+        if over is not None:  # each iteration's CPU overhead around its forward
+            times = [t + over.draw("decode_pass", b) for t in times]
         noise = self._noise(k)
         ends = list(accumulate(times if noise is None else map(mul, times, noise)))
         self.epoch_token += 1
@@ -201,6 +212,7 @@ class DecodeStage:
         self.iterations(node.id, b, durs, ctx)
         node.decode_iter += n_it
         node.epoch = None
+        node.worked_t = self.kernel.now
         node.memory.settle_epoch(e.batch, n_it, self.kernel.now)
         # the batch only changes at epoch boundaries: its requests advance n_it iterations
         for r in self.advance(node, e.batch, n_it):

@@ -36,10 +36,11 @@ from cluster.hardware.profiles import HardwareProfile
 from cluster.sim.buffer import BufferedSink
 from cluster.sim.decode import DecodeStage
 from cluster.sim.entities import SimRequest
-from cluster.sim.kernel import FETCH, TRANSFER, EventKernel
+from cluster.sim.kernel import DECODE_END, FETCH, TRANSFER, EventKernel
 from cluster.sim.mixed import MixedStage
 from cluster.sim.node import SimNode
 from cluster.sim.prefill import PrefillStage
+from models.overheads import OverheadSampler
 
 
 def _unwired(*args: object) -> None:
@@ -112,6 +113,18 @@ class NodeEngine:
             pricer=pricer,
         )
         self.mixed = MixedStage(kernel, profile, self.prefill, self.decode)
+        self.overheads: OverheadSampler | None = None
+
+    def set_overheads(self, sampler: OverheadSampler | None) -> None:
+        """Price a live cluster's serving overheads (models.overheads) where a request
+        spends them: an idle prefill node's wake-up and every iteration's CPU overhead
+        (the stages), the KV hand-off (in place of the profile's transfer time when it was
+        measured), an idle decode node's join, and the first and last token's way out
+        to the client (TTFT and completion move by them; the node is free already)."""
+        self.overheads = sampler
+        self.prefill.overheads = sampler
+        self.decode.overheads = sampler
+        self.decode.on_joined = None if sampler is None else self._first_out
 
     # ---- queueing -------------------------------------------------------------------------
     def enqueue(self, req: SimRequest, node_id: int, cached: int, fetch: int) -> None:
@@ -207,23 +220,39 @@ class NodeEngine:
             req.recompute = False
             self._join(node, req)  # resumes decoding where the preemption left it
             return
-        req.t_first_token = now
+        over = self.overheads
+        # With serving overheads a PD request's first token reaches the client through its
+        # decode node (`_first_out`), as SGLang's PD proxy streams it.
+        req.t_first_token = now if over is None else None
+        if over is not None:
+            req.answer_t = now + self._draw("prefill_out", req)
         rr = RouteRequest(req.request_id, req.program, req.branch_id, req.path, req.t_in, now)
         self.cp.on_prefill_done(rr, node.id, now)
         dnode = self.nodes[req.decode_node]
         if req.t_out <= 1:
+            emit_s = out_s = 0.0
             if dnode is not node:
                 dnode.inbound -= 1
                 node.memory.hand_off(req, now)  # nothing to send: its KV is let go here
-            self._done(dnode, req, decoded=False)
+                if over is not None:  # the decode engine answers once it has the KV
+                    emit_s = self._draw("handoff", req)
+            if over is not None:
+                req.t_first_token = now + emit_s + self._draw("first_out", req)
+                out_s = max(emit_s, req.answer_t - now) + self._draw("last_out", req)
+            self._done(dnode, req, decoded=False, out_s=out_s)
             return
         req.decode_left = math.ceil((req.t_out - 1) / self.profile.t_acc)
         if dnode is node:
+            if over is not None:
+                req.t_first_token = now + self._draw("first_out", req)
             self._join(node, req)
             return
         # Decode nodes keep running requests' KV in GPU memory and write it through to the
         # pool; they reuse nothing from their own GPU memory, so the whole context moves.
-        delay = self.profile.transfer_base_s + self.profile.transfer_s_per_token * req.t_in
+        if over is not None and over.has("handoff"):
+            delay = self._draw("handoff", req)  # measured: hand-over and transfer together
+        else:
+            delay = self.profile.transfer_base_s + self.profile.transfer_s_per_token * req.t_in
         self.kernel.push(now + delay, TRANSFER, self._transfer_done, req)
 
     def _transfer_done(self, req: SimRequest) -> None:
@@ -234,6 +263,17 @@ class NodeEngine:
         self.nodes[req.prefill_node].memory.hand_off(req, now)
         dnode.memory.receive(req.path, now)
         self.cp.on_transfer_done(req.branch_id, dnode.id, now)
+        over = self.overheads
+        if (
+            over is not None
+            and over.has("join")
+            and dnode.epoch is None
+            and not (dnode.decode_batch or dnode.join_queue)
+        ):
+            # An idle live decode engine wakes up and loads the KV before the request
+            # joins; behind a running batch the join waits for the iteration instead.
+            self.kernel.push(now + self._draw("join", req), TRANSFER, self._join, dnode, req)
+            return
         self._join(dnode, req)
 
     def _join(self, node: SimNode, req: SimRequest) -> None:
@@ -241,12 +281,36 @@ class NodeEngine:
         node.join_queue.append(req)
         self.schedule(node)
 
-    def _done(self, node: SimNode, req: SimRequest, decoded: bool = True) -> None:
-        """The request's last token is out on `node` (its decode node)."""
-        node.memory.end_call(req, decoded, self.kernel.now)
-        self.on_request_done(req)
+    def _first_out(self, req: SimRequest) -> None:
+        """A request joined its decode batch: its first token goes out to the client."""
+        if req.t_first_token is None:
+            req.t_first_token = self.kernel.now + self._draw("first_out", req)
+
+    def _draw(self, stage: str, req: SimRequest) -> float:
+        """A duration of `stage` for `req` (from its row of the joint stages, if any)."""
+        assert self.overheads is not None
+        return self.overheads.draw(stage, row=req.overhead_row)
+
+    def _done(
+        self, node: SimNode, req: SimRequest, decoded: bool = True, out_s: float | None = None
+    ) -> None:
+        """The request's last token is out on `node` (its decode node); with serving
+        overheads the client has it `out_s` later (default: once the prefill engine's
+        answer is in too, a `last_out` draw later: a PD proxy finishes a request then)."""
+        now = self.kernel.now
+        node.memory.end_call(req, decoded, now)
+        over = self.overheads
+        if over is None:
+            self.on_request_done(req)
+        else:
+            if out_s is None:
+                out_s = max(req.answer_t - now, 0.0) + self._draw("last_out", req)
+            self.kernel.push(now + out_s, DECODE_END, self._complete, req)
         if node.switch is not None and node.idle():
             self.on_switch_ready(node)
+
+    def _complete(self, req: SimRequest) -> None:
+        self.on_request_done(req)
 
     def preempt(self, node: SimNode, req: SimRequest) -> None:
         """Recompute preemption (vLLM): the call frees its KV and waits to be re-prefilled

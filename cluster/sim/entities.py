@@ -31,6 +31,7 @@ class SimRequest:
     """One LLM request (a turn). `t_out` is hidden from policies: only the engine reads it."""
 
     __slots__ = (
+        "answer_t",
         "attn_pairs",
         "branch_id",
         "decode_clock",
@@ -47,6 +48,7 @@ class SimRequest:
         "kv_pinned",
         "kv_private",
         "measured",
+        "overhead_row",
         "path",
         "preemptions",
         "prefill_node",
@@ -113,6 +115,9 @@ class SimRequest:
         self.t_prefill_start: float | None = None
         self.t_first_token: float | None = None
         self.t_done: float | None = None
+        # serving overheads: when a live proxy would have the prefill engine's answer
+        self.answer_t = float("-inf")
+        self.overhead_row = -1  # its row of the overheads' joint stage vectors (-1: none)
         # Decode iterations left are `decode_end` less the clock of the decode batch the call
         # is in (`decode_clock`; None out of a batch: `decode_end` is then the count itself).
         self.decode_end = 0

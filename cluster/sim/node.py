@@ -35,6 +35,7 @@ class SimNode:
         "prefilling",
         "queue",
         "switch",
+        "worked_t",
     )
 
     def __init__(self, node_id: int, phase: Phase, memory: NodeMemory) -> None:
@@ -52,6 +53,9 @@ class SimNode:
         self.epoch: DecodeEpoch | None = None
         self.switch: tuple[Phase, str, float, int] | None = None  # (to, mode, t_decided, running)
         self.out_of_service = False
+        # When its last iteration (and its CPU overhead) ended: a node not working since
+        # before now was idle (serving overheads: a live engine wakes up first).
+        self.worked_t = float("-inf")
 
     def holds_kv(self) -> bool:
         """Some call here holds KV (prefilling, decoding or about to decode)."""

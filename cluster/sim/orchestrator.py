@@ -209,6 +209,15 @@ class ProgramOrchestrator:
             branch_kind=kind,
             parent_id=None if parent is None else branch_key(pid, parent),
         )
+        over = self.engine.overheads
+        if over is not None:
+            req.overhead_row = over.start()
+        if over is not None and over.has("ingress"):
+            # A live proxy routes on arrival; the request reaches the engine's queue later.
+            t = now + over.draw("ingress", row=req.overhead_row)
+            args = (req, decision.node_id, decision.cached_tokens, decision.fetch_tokens)
+            self.kernel.push(t, ARRIVAL, self.engine.enqueue, *args)
+            return
         self.engine.enqueue(req, decision.node_id, decision.cached_tokens, decision.fetch_tokens)
 
     def complete(self, req: SimRequest) -> None:

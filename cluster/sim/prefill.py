@@ -32,6 +32,7 @@ from cluster.sim.engine_model.scheduler import tokens_granted
 from cluster.sim.entities import SimRequest
 from cluster.sim.kernel import PREFILL_END, EventKernel
 from cluster.sim.node import SimNode
+from models.overheads import OverheadSampler
 
 # (request, uncached tokens taken, attention pairs A, restored tokens t_rst, cached context)
 Chunk = tuple[SimRequest, int, float, int, int]
@@ -86,6 +87,9 @@ class PrefillStage:
         self.limits = limits  # engine limits: decodes share the budget, seats are counted
         self.pricer = pricer  # engine limits with a measured grid: the engine model's prices
         self.seat_waits = 0  # iterations that left a ready request queued for want of a seat
+        # Serving overheads (models.overheads; None: none): an idle node's wake-up before
+        # an iteration, and each iteration's CPU overhead after its forward.
+        self.overheads: OverheadSampler | None = None
 
     def _room(self, node: SimNode) -> tuple[int, int]:
         """(prefill token budget, seats for new sequences) of the node's next iteration."""
@@ -162,8 +166,18 @@ class PrefillStage:
         else:
             base = self.profile.prefill_time(*total)
         dur = base * self._noise() + exposed
+        over = self.overheads
+        if over is None:
+            self.launch(node, batch, dur, total)
+            self.kernel.push(self.kernel.now + dur, PREFILL_END, self.end, node, batch)
+            return
+        # A live engine that was idle wakes up and schedules first (`prefill_wait`); after
+        # the forward its loop spends the pass's CPU overhead before it can run another.
+        if node.worked_t < self.kernel.now:
+            dur += over.draw("prefill_wait", row=batch[0][0].overhead_row)
+        after = over.draw("prefill_pass", len(batch))
         self.launch(node, batch, dur, total)
-        self.kernel.push(self.kernel.now + dur, PREFILL_END, self.end, node, batch)
+        self.kernel.push(self.kernel.now + dur, PREFILL_END, self.end, node, batch, after)
 
     def select(self, node: SimNode, admit: bool = True) -> tuple[list[Chunk], float]:
         """The chunks of the node's next iteration (those under way first, then queued
@@ -277,11 +291,24 @@ class PrefillStage:
                 },
             )
 
-    def end(self, node: SimNode, batch: list[Chunk]) -> None:
-        """The iteration ended: requests whose last chunk ran leave the prefill batch."""
+    def end(self, node: SimNode, batch: list[Chunk], after_s: float = 0.0) -> None:
+        """The iteration ended: requests whose last chunk ran leave the prefill batch (the
+        node stays busy `after_s` more: its CPU overhead, `free` ends it)."""
+        if after_s > 0.0:
+            for req in self.advance(node, batch):
+                self.finished(node, req)
+            self.kernel.push(self.kernel.now + after_s, PREFILL_END, self.free, node)
+            return
         node.busy = False
+        node.worked_t = self.kernel.now
         for req in self.advance(node, batch):
             self.finished(node, req)
+        self.schedule(node)
+
+    def free(self, node: SimNode) -> None:
+        """The node's loop finished an iteration's CPU overhead: it may start the next."""
+        node.busy = False
+        node.worked_t = self.kernel.now
         self.schedule(node)
 
     def advance(self, node: SimNode, batch: list[Chunk]) -> list[SimRequest]:

@@ -49,6 +49,7 @@ from cluster.sim.unified_memory import UnifiedMemory
 from cluster.sim.warmup import WarmupFit
 from cluster.workloads import make_workload
 from cluster.workloads.loops import AdmissionQueue
+from models.overheads import with_pass_overheads
 
 DEFAULT_FETCH = {"ttft": "async"}  # other routers: engines with private caches (SGLang PD)
 DEFAULT_BINDER = {"ttft": "fewest"}  # other routers: the gateway's round-robin decode routing
@@ -173,8 +174,11 @@ class Simulator:
             log_branch_counts=cfg.telemetry == "full",
             log_router_decisions=cfg.telemetry == "full",
             prefill_forms=cfg.prefill_forms or cfg.fit_form != "paper",
+            ttft_overhead_s=cfg.overheads.ttft_s if cfg.overheads else 0.0,
         )
         oracle = profile.node_model()
+        if cfg.overheads:  # the planner's Eq. 3-4 and the router's queue price the passes' CPU
+            oracle = with_pass_overheads(oracle, cfg.overheads)
         self.cp = cp = ControlPlane(
             dict(self.initial_phases),
             {n: oracle for n in ids},
@@ -216,6 +220,8 @@ class Simulator:
             on_prefill_iteration=fit.record_prefill,
             on_decode_iterations=fit.record_decode,
         )
+        if cfg.overheads:
+            engine.set_overheads(cfg.overheads.sampler(cfg.seed + 1))
         self.switching = switching = Switching(
             kernel, cp, nodes, engine, fit, self.initial_phases, cfg.relaunch_s
         )

@@ -198,3 +198,20 @@ def test_the_twin_of_a_live_torch_run_has_finite_figures_with_intervals(torch_ru
     assert sim["request_id"].to_list() == real["request_id"].to_list()
     assert sim["t_arrival"].to_list() == pytest.approx(real["t_arrival"].to_list())
     assert (sim["t_first_token"] > sim["t_arrival"]).all()
+
+
+def test_the_twin_of_a_live_torch_run_prices_its_serving_overheads(torch_run) -> None:  # type: ignore[no-untyped-def]
+    runs = open_reader(torch_run).runs()
+    rid = runs.filter(runs["source"] != "twin")["run_id"][0]  # (other tests stored twins)
+    twin = run_cluster_twin(torch_run, rid, samples=50, store=False)
+    over = twin.to_json()["cluster"]["overheads"]
+    # measured from the run's request stages and passes, per stage
+    assert {"ingress", "handoff", "first_out", "last_out", "decode_pass"} <= set(over)
+    assert all(v["samples"] > 0 and v["mean_s"] >= 0 for v in over.values())
+    bare = run_cluster_twin(torch_run, rid, samples=50, store=False, overheads=False)
+    assert bare.inputs.overheads is None and bare.to_json()["cluster"]["overheads"] == {}
+    # the first token reaches the client after the proxy, the hand-off and the way out
+    added = over["ingress"]["mean_s"] + over["first_out"]["mean_s"]
+    gap = twin.metrics["ttft_mean_s"].sim - bare.metrics["ttft_mean_s"].sim
+    assert gap > 0.5 * added > 0
+    assert twin.metrics["e2e_mean_s"].sim > bare.metrics["e2e_mean_s"].sim

@@ -25,10 +25,12 @@ from fastapi import FastAPI
 
 from cluster.engines.shell.loopback import LoopbackServer
 from cluster.engines.shell.scheduling import Finish, OnUpdate, Role, SchedulerThread, check_role
+from cluster.engines.shell.stamps import EMITTED, Stamps
 from cluster.sglang.wire.publisher import ZmqBatchPublisher
 
 S = TypeVar("S", bound=SchedulerThread[Any])
-Update = tuple[list[int], "Finish | None", int]  # (output ids so far, finish, cached tokens)
+# (output ids so far, finish, cached tokens, the request's stage stamps: shell.stamps)
+Update = tuple[list[int], "Finish | None", int, Stamps]
 
 
 class EngineEndpoints(NamedTuple):
@@ -63,6 +65,7 @@ FetchRoom = Callable[[httpx.AsyncClient, str, int, int, float], Awaitable[T]]
 
 class _Progress(Protocol):
     cached_tokens: int
+    stamps: Stamps
 
 
 class EngineShell(Generic[S]):
@@ -247,16 +250,17 @@ class EngineShell(Generic[S]):
     async def updates(submit: Callable[[OnUpdate], _Progress]) -> AsyncIterator[Update]:
         """Submit a request built around an `OnUpdate` and yield its updates on this loop."""
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[tuple[list[int], Finish | None]] = asyncio.Queue()
+        queue: asyncio.Queue[tuple[list[int], Finish | None, float]] = asyncio.Queue()
 
         def on_update(ids: list[int], fin: Finish | None) -> None:
-            # Called on the scheduler thread: hand the update to this request's event loop.
-            loop.call_soon_threadsafe(queue.put_nowait, (ids, fin))
+            # Called on the scheduler thread: hand the update to this request's event loop,
+            # with when the scheduler produced it (the stream-out stage starts there).
+            loop.call_soon_threadsafe(queue.put_nowait, (ids, fin, time.time()))
 
         req = submit(on_update)
         while True:
-            ids, fin = await queue.get()
-            yield ids, fin, req.cached_tokens
+            ids, fin, emitted = await queue.get()
+            yield ids, fin, req.cached_tokens, {**req.stamps, EMITTED: emitted}
             if fin is not None:
                 return
 

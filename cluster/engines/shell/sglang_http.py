@@ -22,6 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from cluster.engines.shell.lifecycle import Update
+from cluster.engines.shell.stamps import RECEIVED, Stamps
 from cluster.sglang.wire import toy_tokenizer
 
 
@@ -78,7 +79,7 @@ def sglang_app(
         if engine.serving_role != "null" or not engine.is_fully_idle():
             return Response(status_code=200)
         rid = f"HEALTH_CHECK_{uuid.uuid4().hex}"
-        async for _ids, fin, _c in engine.generate([0], {"max_new_tokens": 1}, rid, {}):
+        async for _ids, fin, _c, _s in engine.generate([0], {"max_new_tokens": 1}, rid, {}):
             if fin is not None and fin.get("type") == "abort":
                 return Response(status_code=503)
         return Response(status_code=200)
@@ -226,7 +227,7 @@ def role_switch_reply(
 async def _collect(engine: SGLangEngine, it: AsyncIterator[Update]) -> Update:
     engine.track(+1)
     try:
-        last: Update = ([], None, 0)
+        last: Update = ([], None, 0, {})
         async for item in it:
             last = item
         return last
@@ -251,14 +252,18 @@ async def respond_native(
     engine: SGLangEngine, ids: list[int], sp: dict[str, Any], rid: str, body: dict[str, Any],
     stream: bool,
 ) -> Response:  # fmt: skip
-    """SGLang's native /generate answer: one JSON object, or SSE events of the same shape."""
+    """SGLang's native /generate answer: one JSON object, or SSE events of the same shape;
+    meta_info carries the request's stage stamps (`cluster.engines.shell.stamps`)."""
     t0 = time.monotonic()
+    received = time.time()
 
-    def out(out_ids: list[int], fin: dict[str, Any] | None, cached: int) -> dict[str, Any]:
+    def out(
+        out_ids: list[int], fin: dict[str, Any] | None, cached: int, stamps: Stamps
+    ) -> dict[str, Any]:
         meta = {"id": rid, "finish_reason": fin, "prompt_tokens": len(ids),
                 "weight_version": "default", "num_retractions": 0, "reasoning_tokens": 0,
                 "completion_tokens": len(out_ids), "cached_tokens": cached,
-                "e2e_latency": time.monotonic() - t0}  # fmt: skip
+                "e2e_latency": time.monotonic() - t0, RECEIVED: received, **stamps}  # fmt: skip
         return {"text": toy_tokenizer.decode(out_ids), "output_ids": out_ids, "meta_info": meta}
 
     gen = engine.generate(ids, sp, rid, body)
@@ -307,7 +312,7 @@ async def respond_openai(
 
         async def sse() -> AsyncIterator[bytes]:
             sent = 0
-            async for out_ids, fin, cached in gen:
+            async for out_ids, fin, cached, _stamps in gen:
                 if fin is not None and fin.get("type") == "abort":
                     code = fin.get("status_code", 400)
                     err = {"message": fin["message"], "type": "BadRequestError", "code": code}
@@ -324,7 +329,7 @@ async def respond_openai(
             yield b"data: [DONE]\n\n"
 
         return StreamingResponse(_tracked(engine, sse()), media_type="text/event-stream")
-    out_ids, fin, cached = await _collect(engine, gen)
+    out_ids, fin, cached, _stamps = await _collect(engine, gen)
     if fin is not None and fin.get("type") == "abort":
         return openai_error(fin["message"], fin.get("status_code", 400))
     doc = {"id": rid, "object": kind, "created": created, "model": model,

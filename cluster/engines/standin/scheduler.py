@@ -33,6 +33,7 @@ from cluster.engines.shell.scheduling import (
     publish_fpm,
     publish_kv_events,
 )
+from cluster.engines.shell.stamps import DECODE_JOIN, FORWARD, PREFILL_DONE, Stamps, stamp
 from cluster.engines.standin.bootstrap import RoomRegistry, RoomResult
 from cluster.engines.standin.prefix_cache import PrefixCache
 from cluster.sglang.wire import toy_tokenizer
@@ -63,6 +64,7 @@ class StandinRequest:
     locked: list[int] = field(default_factory=list)
     reserved_pages: int = 0
     admitted: bool = False
+    stamps: Stamps = field(default_factory=dict)  # stage times (cluster.engines.shell.stamps)
 
     @property
     def seq_len(self) -> int:
@@ -186,6 +188,9 @@ class StandinScheduler(SchedulerThread[StandinRequest]):
         self._batch = batch
         if not batch:
             return 0.0, ScheduledRequestMetrics()
+        started = time.time()
+        for req, _, _ in batch:
+            stamp(req.stamps, FORWARD, started)
         t_uc = [b[1] for b in batch]
         t_c = [b[2] for b in batch]
         duration = self.config.prefill_model.batch_time(t_uc, t_c)
@@ -218,6 +223,7 @@ class StandinScheduler(SchedulerThread[StandinRequest]):
                 if self.role != "decode" or self.config.decode_radix_cache:
                     self._cache_tokens(req, req.input_ids[: req.prefix_len], now)
                 if req.prefix_len >= len(req.input_ids):
+                    stamp(req.stamps, PREFILL_DONE)
                     self.waiting.remove(req)
                     req.output_ids.append(toy_tokenizer.next_token(req.input_ids))
                     self._after_first_token(req, now)
@@ -230,6 +236,7 @@ class StandinScheduler(SchedulerThread[StandinRequest]):
             self.waiting.remove(req)
             req.output_ids.append(req.first_token_id)  # type: ignore[arg-type]
             req.prefix_len = len(req.input_ids)
+            stamp(req.stamps, DECODE_JOIN)
             self._after_first_token(req, now)
         if duration > 0:
             self.num_passes += 1

@@ -38,6 +38,7 @@ from fastapi import FastAPI
 from cluster.engines.shell.lifecycle import EngineEndpoints, EngineShell, ShellOptions, Update
 from cluster.engines.shell.scheduling import ROLES, OnUpdate, Role
 from cluster.engines.shell.sglang_http import check_generate
+from cluster.engines.shell.stamps import KV_RECEIVED, QUEUED, Stamps, stamp
 from cluster.engines.standin.bootstrap import RoomRegistry, bootstrap_app, wait_for_prefill
 from cluster.engines.standin.http_api import standin_app
 from cluster.engines.standin.scheduler import SchedulerConfig, StandinRequest, StandinScheduler
@@ -176,7 +177,7 @@ class StandinEngine(EngineShell[StandinScheduler]):
     async def generate(
         self, input_ids: list[int], sampling: dict[str, Any], rid: str, body: dict[str, Any]
     ) -> AsyncIterator[Update]:
-        """Yield (output ids so far, finish reason or None, cached tokens) updates.
+        """Yield (output ids so far, finish reason or None, cached tokens, stage stamps).
 
         A decode-role engine first fetches the prefill's result for the request's bootstrap
         room; an abort is a finish reason {"type": "abort", "message", "status_code"}."""
@@ -197,9 +198,12 @@ class StandinEngine(EngineShell[StandinScheduler]):
             )
         handoff, refused = await self.pd_handoff(role, rid, body, wait_for_prefill)
         if refused is not None:
-            yield [], refused, 0
+            yield [], refused, 0, {}
             return
         first_token = None if handoff is None else handoff.first_token_id
+        stamps: Stamps = {}
+        if handoff is not None:
+            stamp(stamps, KV_RECEIVED)
 
         def submit(on_update: OnUpdate) -> StandinRequest:
             req = StandinRequest(
@@ -209,7 +213,9 @@ class StandinEngine(EngineShell[StandinScheduler]):
                 on_update=on_update,
                 bootstrap_room=None if room is None else int(room),
                 first_token_id=first_token,
+                stamps=stamps,
             )
+            stamp(stamps, QUEUED)
             self.sched.submit(req)
             return req
 

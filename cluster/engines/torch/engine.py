@@ -28,6 +28,7 @@ from fastapi import FastAPI
 from cluster.engines.shell.lifecycle import EngineEndpoints, EngineShell, ShellOptions, Update
 from cluster.engines.shell.scheduling import OnUpdate, Role
 from cluster.engines.shell.sglang_http import check_generate
+from cluster.engines.shell.stamps import KV_RECEIVED, QUEUED, Stamps, stamp
 from cluster.engines.torch.config import EngineConfig
 from cluster.engines.torch.request import EngineRequest
 from cluster.engines.torch.runner import ModelRunner
@@ -207,17 +208,20 @@ class TorchEngine(EngineShell[Scheduler]):
     async def generate(
         self, ids: list[int], sampling: dict[str, Any], rid: str, body: dict[str, Any]
     ) -> AsyncIterator[Update]:
-        """Yield (output ids so far, finish reason or None, cached tokens) updates."""
+        """Yield (output ids so far, finish reason or None, cached tokens, stage stamps)."""
         max_new = int(sampling.get("max_new_tokens", 128))
         problem = self.check_prompt(ids, max_new)
         if problem is not None:
-            yield [], {"type": "abort", "message": problem, "status_code": 400}, 0
+            yield [], {"type": "abort", "message": problem, "status_code": 400}, 0, {}
             return
         room = body.get("bootstrap_room")
         transfer, refused = await self.pd_handoff(self.sched.role, rid, body, fetch_room)
         if refused is not None:
-            yield [], refused, 0
+            yield [], refused, 0, {}
             return
+        stamps: Stamps = {}
+        if transfer is not None:
+            stamp(stamps, KV_RECEIVED)
 
         def submit(on_update: OnUpdate) -> EngineRequest:
             req = EngineRequest(
@@ -229,7 +233,9 @@ class TorchEngine(EngineShell[Scheduler]):
                 temperature=float(sampling.get("temperature") or 0.0),
                 bootstrap_room=None if room is None else int(room),
                 transfer=transfer,
+                stamps=stamps,
             )
+            stamp(stamps, QUEUED)
             self.sched.submit(req)
             return req
 

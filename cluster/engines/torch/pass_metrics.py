@@ -3,8 +3,10 @@
 Each pass becomes one ForwardPassMetrics with SGLang's field semantics
 (`cluster.sglang.wire.fpm`: sum_prefill_tokens = Σt_uc, sum_prefill_kv_tokens = Σt_c,
 var_prefill_length over the full prompt lengths, sum_decode_kv_tokens = Σ seq_len) plus
-the `pdlab` detail only this engine can give: the exact ΣA of Eq. 1, t_rst and the
-distinct experts per MoE layer. An idle engine sends SGLang's all-zero heartbeat.
+the `pdlab` detail only this engine can give: the exact ΣA of Eq. 1, t_rst, the
+distinct experts per MoE layer, the pass's CPU overhead outside the forward and the CPU
+time of the forward itself. An idle
+engine sends SGLang's all-zero heartbeat.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ def prefill_metrics(
     attn_pairs: int,
     experts: Sequence[int],
     queued: QueuedRequestMetrics,
+    overhead_s: float = 0.0,
+    cpu_s: float = 0.0,
 ) -> DetailedForwardPassMetrics:
     sched = ScheduledRequestMetrics(
         num_prefill_requests=len(slices),
@@ -47,6 +51,8 @@ def prefill_metrics(
         attn_pairs=float(attn_pairs),
         t_rst=sum(s.t_rst for s in slices),
         experts_per_layer=list(experts) or None,
+        overhead_s=overhead_s,
+        cpu_s=cpu_s,
     )
     return DetailedForwardPassMetrics(
         worker_id=worker_id,
@@ -63,6 +69,8 @@ def decode_metrics(
     seq_lens: Sequence[int],
     experts: Sequence[int],
     queued: QueuedRequestMetrics,
+    overhead_s: float = 0.0,
+    cpu_s: float = 0.0,
 ) -> DetailedForwardPassMetrics:
     total = sum(seq_lens)
     sched = ScheduledRequestMetrics(
@@ -71,7 +79,12 @@ def decode_metrics(
         var_decode_kv_tokens=_pvar(seq_lens),
     )
     # A decoding request's one new token sees its seq_len - 1 cached tokens and itself.
-    detail = PassDetail(attn_pairs=float(total), experts_per_layer=list(experts) or None)
+    detail = PassDetail(
+        attn_pairs=float(total),
+        experts_per_layer=list(experts) or None,
+        overhead_s=overhead_s,
+        cpu_s=cpu_s,
+    )
     return DetailedForwardPassMetrics(
         worker_id=worker_id,
         wall_time=wall_s,

@@ -14,6 +14,7 @@ import torch
 
 from cluster.core import BlockHash
 from cluster.engines.shell.scheduling import OnUpdate
+from cluster.engines.shell.stamps import Stamps
 from cluster.engines.torch.prefix_cache import Block
 from cluster.kv.hashing import ROOT_HASH, chain
 
@@ -38,6 +39,7 @@ class EngineRequest:
     bootstrap_room: int | None = None
     transfer: TransferredKV | None = None
     record_logits: bool = False  # keep each sampled token's logits (tests)
+    stamps: Stamps = field(default_factory=dict)  # stage times (cluster.engines.shell.stamps)
     output_ids: list[int] = field(default_factory=list)
     pages: list[int] = field(default_factory=list)
     blocks: list[Block | None] = field(default_factory=list)

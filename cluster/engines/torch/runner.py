@@ -6,6 +6,9 @@ host tier into their device pages, runs the model over the flattened tokens, and
 the next token of every request whose slice ends its prompt or decodes. Its `wall_s` spans
 the restore copies, the forward and the sampling, closed by a device synchronization (the
 sampled ids are read back, which synchronizes too): the iteration time the models fit.
+`cpu_s` is the calling thread's CPU time over the same span: on a CPU device with one torch
+thread the forward computes on that thread, so `cpu_s` is the pass's work without the time
+the host's scheduler gave other processes (wall_s - cpu_s: waiting for a core or the GIL).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class PassOutput(NamedTuple):
     experts_per_layer: list[int]
     wall_s: float  # 0.0 when the pass was not timed
     attn_pairs: int
+    cpu_s: float = 0.0  # the scheduler thread's CPU time in the same span (0.0: not timed)
 
 
 class ModelRunner:
@@ -67,6 +71,7 @@ class ModelRunner:
     ) -> PassOutput:
         """Run one pass over `items` after the (host page, device page) `restores`."""
         t0 = time.perf_counter() if timed else 0.0
+        c0 = time.thread_time() if timed else 0.0
         if restores:
             self.pool.to_gpu([h for h, _ in restores], [g for _, g in restores])
         ps = self.cfg.page_size
@@ -89,6 +94,7 @@ class ModelRunner:
         if timed:
             self.synchronize()
         wall = time.perf_counter() - t0 if timed else 0.0
+        cpu = time.thread_time() - c0 if timed else 0.0
         out: list[int | None] = []
         k = 0
         for it in items:
@@ -99,7 +105,7 @@ class ModelRunner:
                 k += 1
             else:
                 out.append(None)
-        return PassOutput(out, experts, wall, layout.attn_pairs)
+        return PassOutput(out, experts, wall, layout.attn_pairs, cpu)
 
     def _sample(self, logits: torch.Tensor, reqs: Sequence[EngineRequest]) -> list[int]:
         if not reqs:

@@ -40,6 +40,7 @@ from cluster.engines.shell.scheduling import (
     publish_fpm,
     publish_kv_events,
 )
+from cluster.engines.shell.stamps import DECODE_JOIN, FORWARD, PREFILL_DONE, stamp
 from cluster.engines.torch import pass_metrics
 from cluster.engines.torch.config import EngineConfig
 from cluster.engines.torch.pass_metrics import PrefillSlice
@@ -77,6 +78,10 @@ class Scheduler(SchedulerThread[EngineRequest]):
         self._restores: list[tuple[int, int]] = []
         self._calls: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
         self._heartbeat = Heartbeat(fpm_publisher, cfg.worker_id)
+        # perf_counter when the loop's current busy spell reached the last pass's end (or
+        # woke up); None while it waits. What a pass adds to the spell beyond its forward
+        # is its CPU overhead (`_overhead`).
+        self._busy_since: float | None = None
 
     # ---- API (any thread) -----------------------------------------------------------------
     def call(self, fn: Callable[[], Any]) -> Future[Any]:
@@ -111,7 +116,10 @@ class Scheduler(SchedulerThread[EngineRequest]):
                 if not calls and not self.waiting and not self.running:
                     self._heartbeat.beat()
                     self._cond.wait(0.2)
+                    self._busy_since = None
                     continue
+            if self._busy_since is None:
+                self._busy_since = time.perf_counter()
             for fn, fut in calls:
                 try:
                     fut.set_result(fn())
@@ -127,6 +135,7 @@ class Scheduler(SchedulerThread[EngineRequest]):
             if not ran:
                 with self._cond:  # nothing admissible yet: wait for a change, do not spin
                     self._cond.wait(0.01)
+                self._busy_since = None
 
     def _step(self) -> bool:
         items = self._schedule_prefill(time.monotonic())
@@ -209,6 +218,7 @@ class Scheduler(SchedulerThread[EngineRequest]):
         req.cached_tokens = t.cached_tokens
         self.waiting.remove(req)
         self._cache_pages(req, now)
+        stamp(req.stamps, DECODE_JOIN)
         req.output_ids.append(t.first_token_id)
         self.running.append(req)
         self._progress(req, now)
@@ -221,9 +231,13 @@ class Scheduler(SchedulerThread[EngineRequest]):
                          len(it.req.input_ids))
             for it in items
         ]  # fmt: skip
+        started = time.time()
+        for it in items:
+            stamp(it.req.stamps, FORWARD, started)
         out = self.runner.run(items, self._restores, timed=cfg.telemetry)
         self._restores = []
         now = time.monotonic()
+        ended = time.time()
         for it, token in zip(items, out.next_ids, strict=True):
             req = it.req
             req.pending_restore_tokens = 0
@@ -231,6 +245,7 @@ class Scheduler(SchedulerThread[EngineRequest]):
             self._cache_pages(req, now)
             if token is None:
                 continue
+            stamp(req.stamps, PREFILL_DONE, ended)
             self.waiting.remove(req)
             req.output_ids.append(token)
             if self.role == "prefill":
@@ -242,7 +257,7 @@ class Scheduler(SchedulerThread[EngineRequest]):
         if cfg.telemetry:
             m = pass_metrics.prefill_metrics(
                 cfg.worker_id, out.wall_s, slices, out.attn_pairs, out.experts_per_layer,
-                self._queued(),
+                self._queued(), self._overhead(out.wall_s), out.cpu_s,
             )  # fmt: skip
             publish_fpm(self.fpm_publisher, m)
 
@@ -265,9 +280,24 @@ class Scheduler(SchedulerThread[EngineRequest]):
         self._after_pass()
         if cfg.telemetry:
             m = pass_metrics.decode_metrics(
-                cfg.worker_id, out.wall_s, seq_lens, out.experts_per_layer, self._queued()
+                cfg.worker_id,
+                out.wall_s,
+                seq_lens,
+                out.experts_per_layer,
+                self._queued(),
+                self._overhead(out.wall_s),
+                out.cpu_s,
             )
             publish_fpm(self.fpm_publisher, m)
+
+    def _overhead(self, wall_s: float) -> float:
+        """The pass's CPU overhead: the loop's time since the previous pass's end (or since
+        it woke) less this pass's forward — scheduling, admission, cache bookkeeping,
+        answers and publishing, all outside `ModelRunner.run`'s timed span. Back-to-back
+        passes cost the sum of their forwards and overheads, to the microsecond."""
+        now = time.perf_counter()
+        since, self._busy_since = self._busy_since, now
+        return 0.0 if since is None else max(now - since - wall_s, 0.0)
 
     def _after_pass(self) -> None:
         self.num_passes += 1

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +40,12 @@ from cluster.sglang.live.fleet import EngineFleet
 from cluster.sglang.live.kv_sync import KVSync
 from cluster.sglang.live.live_request import LiveRequest
 from cluster.sglang.live.online_fit import OnlineFitter
+from cluster.sglang.live.overhead_stats import OverheadStats
 from cluster.sglang.live.proxy import PDProxy
 from cluster.sglang.live.role_switch import RoleSwitcher, SwitchRecord
 from cluster.sglang.live.telemetry_run import LockedSink, open_run
 from cluster.sglang.wire.fpm import DecodeRow, PrefillRow
+from models.overheads import pass_overheads
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +201,7 @@ class SGLangCluster:
             self.fitter = OnlineFitter(
                 s.moe_top_k if s.moe_experts else 0, s.moe_experts, min_rows=s.refit_min_rows
             )
+            self.overheads = OverheadStats()
             self._split_timeline.append((0.0, *self.cp.split()))
             for n in self.fleet.states:
                 self.fleet.start_collectors(n)
@@ -297,7 +301,8 @@ class SGLangCluster:
             )
 
     def record_request(self, rec: LiveRequest) -> None:
-        """One `requests` row; a completed request goes to the rolling latency."""
+        """One `requests` row (and a completed request's `request_stages` row); a completed
+        request goes to the rolling latency."""
         with self.lock:
             if rec.t_done is not None:
                 self.num_completed += 1
@@ -305,6 +310,10 @@ class SGLangCluster:
                     self._listener(CompletedRequest(rec.t_arrival, rec.t_first_token, rec.t_done))
             if self.sink is not None:
                 self.sink.emit("requests", rec.row())
+                if rec.t_done is not None:
+                    self.sink.emit("request_stages", rec.stage_row(self.run_start_wall))
+            if rec.t_done is not None:
+                self.overheads.add_request(rec, self.run_start_wall)
 
     def mark_down(self, node: int, reason: str) -> None:
         with self.lock:
@@ -339,9 +348,11 @@ class SGLangCluster:
     ) -> None:
         if prefill is not None:
             self.fitter.add_prefill(node, prefill)
+            self.overheads.add_pass("prefill", prefill.overhead_s, prefill.num_reqs)
             self.cp.on_prefill_iteration(node, now, prefill.t_uc, prefill.t_c, prefill.t_rst)
         if decode is not None:
             self.fitter.add_decode(node, decode)
+            self.overheads.add_pass("decode", decode.overhead_s, decode.batch_size)
         self.refresh_report(node)
 
     # ---- the health loop ------------------------------------------------------------------
@@ -374,8 +385,10 @@ class SGLangCluster:
 
     def refit_models(self) -> dict[int, Any]:
         """Refit every node's models from its recent passes and hand them to the control
-        plane (router and planner); returns node -> phases refitted. Runs every
-        `refit_every_s` from the health loop; callable at any time."""
+        plane (router and planner) with the serving overheads measured meanwhile (the
+        router's TTFT term, each pass's CPU overhead in Eq. 3-4: overhead_stats); returns
+        node -> phases refitted. Runs every `refit_every_s` from the health loop; callable
+        at any time."""
         with self.lock:
             models = self.cp.models()
             refits = self.fitter.refit_all(models)
@@ -387,7 +400,13 @@ class SGLangCluster:
                     "samples": r.samples,
                     "mape": r.mape,
                 }
-            if refits:
+            ov = self.overheads.overheads()
+            self.cp.set_ttft_overhead(ov.ttft_s)
+            pre, dec = pass_overheads(ov)
+            if pre or dec:
+                over = {"prefill_overhead": pre, "decode_overhead": dec}
+                models = {n: replace(m, **over) for n, m in models.items()}  # type: ignore[arg-type]
+            if refits or pre or dec:
                 self.cp.set_models(models)
             return {n: r.phases for n, r in refits.items()}
 

@@ -20,6 +20,7 @@ import httpx
 from cluster.sglang.live.cluster_file import EngineSpec
 from cluster.sglang.live.live_request import EngineFailure, LiveRequest
 from cluster.sglang.wire.payloads import cached_tokens, event_error, sse_events
+from cluster.sglang.wire.stamps import EMITTED, stamps
 
 # A decode answer whose failure may be the prefill's death: wait this long for the prefill
 # call to tell (both sockets break at once when an engine host dies).
@@ -158,6 +159,7 @@ class EngineCalls:
         problem = event_error(last)
         if problem is not None:
             raise _aborted(spec, "prefill", *problem)
+        rec.prefill_stamps = stamps(last)
         on_done(rec, spec.node_id, cached_tokens(last))
         return last if isinstance(last, dict) else None
 
@@ -182,6 +184,13 @@ class EngineCalls:
                     problem = None
                 if problem is not None:
                     raise _aborted(spec, "decode", *problem)
+                try:
+                    got = stamps(json.loads(raw))
+                except ValueError:
+                    got = {}
+                # one answer: its emitted_ts is the last token's; the first's is unknown
+                rec.last_emit_ts = got.pop(EMITTED, None)
+                rec.decode_stamps = got
                 return resp, raw, None
             chunks = resp.aiter_raw()
             head = b""
@@ -192,6 +201,7 @@ class EngineCalls:
                     problem = event_error(events[0])
                     if problem is not None:
                         raise _aborted(spec, "decode", *problem)
+                    rec.decode_stamps = stamps(events[0])
                     return resp, head, chunks
             raise EngineFailure(
                 spec.node_id,

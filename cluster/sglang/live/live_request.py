@@ -4,16 +4,17 @@ The branch a request belongs to comes from its headers (paper 000 Alg. E.1): `X-
 (absent: a one-request branch), `X-Branch-Kind` (start | fork | subagent, for a new branch;
 a new branch with `X-Parent-Branch-Id` and no kind is a fork), `X-Parent-Branch-Id`,
 `X-Program-Id` (default: the parent's program, else the branch id). `LiveRequest` carries a
-request through its attempts with the times of the `requests` table; `EngineFailure` is one
-engine failing one attempt.
+request through its attempts with the times of the `requests` table and the engines' stage
+stamps of its `request_stages` row; `EngineFailure` is one engine failing one attempt.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from cluster.control.state import RouteRequest
+from cluster.sglang.wire import stamps as st
 
 BRANCH_KINDS = ("start", "fork", "subagent")
 H_BRANCH, H_PARENT, H_KIND, H_PROGRAM = (
@@ -80,6 +81,11 @@ class LiveRequest:
     engine_cached: bool = False  # cached_tokens came from the engine
     placed: bool = False  # an attempt holds router, in-flight and decode-load entries
     admitted: bool = False  # the control plane counts it in service (cp.admit ran)
+    # Engine stage stamps (wall clock, cluster.sglang.wire.stamps) of the committed attempt:
+    # the prefill's last answer, the decode's first event, the decode's last emitted_ts.
+    prefill_stamps: dict[str, float] = field(default_factory=dict)
+    decode_stamps: dict[str, float] = field(default_factory=dict)
+    last_emit_ts: float | None = None
 
     def route_request(self, now: float) -> RouteRequest:
         return RouteRequest(
@@ -102,6 +108,28 @@ class LiveRequest:
             "t_prefill_start": [self.t_prefill_start],
             "t_first_token": [self.t_first_token],
             "t_done": [self.t_done],
+        }
+
+    def stage_row(self, run_start_wall: float) -> dict[str, list[Any]]:
+        """Its `request_stages` row: the engines' wall-clock stamps as run seconds (None
+        where an engine did not report the stage)."""
+
+        def run_s(ts: float | None) -> float | None:
+            return None if ts is None else max(ts - run_start_wall, 0.0)
+
+        p, d = self.prefill_stamps, self.decode_stamps
+        return {
+            "request_id": [self.request_id],
+            "t_dispatched": [self.t_prefill_start],
+            "t_prefill_received": [run_s(p.get(st.RECEIVED))],
+            "t_prefill_queued": [run_s(p.get(st.QUEUED))],
+            "t_prefill_forward": [run_s(p.get(st.FORWARD))],
+            "t_prefill_done": [run_s(p.get(st.PREFILL_DONE))],
+            "t_kv_ready": [run_s(d.get(st.KV_RECEIVED))],
+            "t_decode_join": [run_s(d.get(st.DECODE_JOIN))],
+            "t_first_emit": [run_s(d.get(st.EMITTED))],
+            "t_last_emit": [run_s(self.last_emit_ts)],
+            "t_prefill_answer": [self.t_prefill_done],
         }
 
 

@@ -66,6 +66,7 @@ from cluster.sglang.live.tokens import (
     prompt_of,
 )
 from cluster.sglang.wire.payloads import error_json, output_tokens, sse_events
+from cluster.sglang.wire.stamps import emitted
 
 if TYPE_CHECKING:
     from cluster.control.control_plane import ControlPlane
@@ -321,12 +322,14 @@ class PDProxy:
             events, pending = sse_events(c.head)
             for ev in events:
                 rec.t_out = output_tokens(ev, rec.t_out)
+                rec.last_emit_ts = emitted(ev) or rec.last_emit_ts
             yield c.head
             try:
                 async for data in c.chunks:
                     events, pending = sse_events(pending + data)
                     for ev in events:
                         rec.t_out = output_tokens(ev, rec.t_out)
+                        rec.last_emit_ts = emitted(ev) or rec.last_emit_ts
                     yield data
                 ok = True
             except httpx.HTTPError as e:

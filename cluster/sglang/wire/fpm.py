@@ -40,7 +40,8 @@ publisher's counter_id, which restarts with the engine.
 pdlab's torch engine (`cluster.engines.torch`) knows each pass exactly and says so in one
 extra map field, `pdlab` (`PassDetail`: attn_pairs ΣA, t_rst, and the distinct experts the
 pass activated per MoE layer); SGLang's decoder ignores it as an unknown field. When it is
-present, the rows take ΣA and t_rst from it instead of the estimate (and 0), and carry
+present, the rows take ΣA and t_rst from it instead of the estimate (and 0), the pass's
+CPU overhead outside the forward (`overhead_s`), the forward's CPU time (`cpu_s`), and
 `experts_active`, the mean over MoE layers, to compare with φ(B)·E (paper 000 Eq. 2).
 """
 
@@ -97,12 +98,17 @@ class PassDetail(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
 
     attn_pairs: ΣA over the pass's requests, a decoding request counting seq_len;
     t_rst: tokens restored from the host tier during the pass; experts_per_layer: distinct
-    experts the pass's tokens were routed to, per MoE layer (absent for dense models).
+    experts the pass's tokens were routed to, per MoE layer (absent for dense models);
+    overhead_s: the engine loop's time around the pass outside the forward that wall_time
+    spans (scheduling, bookkeeping, answers, publishing; 0 when not measured); cpu_s: the
+    CPU time of the engine thread over wall_time's span (0 when not measured).
     """
 
     attn_pairs: float = 0.0
     t_rst: int = 0
     experts_per_layer: list[int] | None = None
+    overhead_s: float = 0.0
+    cpu_s: float = 0.0
 
     @property
     def experts_active(self) -> float | None:
@@ -177,6 +183,8 @@ class PrefillRow(NamedTuple):
     t_rst: int
     t_c: int
     experts_active: float | None = None
+    overhead_s: float | None = None
+    cpu_s: float | None = None
 
 
 class DecodeRow(NamedTuple):
@@ -186,6 +194,8 @@ class DecodeRow(NamedTuple):
     t_fwd: float
     ctx_tokens: int
     experts_active: float | None = None
+    overhead_s: float | None = None
+    cpu_s: float | None = None
 
 
 def iteration_rows(
@@ -202,6 +212,8 @@ def iteration_rows(
     n_p, n_d = s.num_prefill_requests, s.num_decode_requests
     detail = m.pdlab if isinstance(m, DetailedForwardPassMetrics) else None
     experts = None if detail is None else detail.experts_active
+    overhead = None if detail is None or detail.overhead_s <= 0 else float(detail.overhead_s)
+    cpu = None if detail is None or detail.cpu_s <= 0 else float(detail.cpu_s)
     if n_p > 0:
         if detail is not None:
             pairs, t_rst = float(detail.attn_pairs), int(detail.t_rst)
@@ -223,8 +235,12 @@ def iteration_rows(
             t_rst,
             s.sum_prefill_kv_tokens + max(0, s.sum_decode_kv_tokens - n_d),
             experts,
+            overhead,
+            cpu,
         )
         return row, None
     if n_d > 0:
-        return None, DecodeRow(t_start, m.wall_time, n_d, 1.0, s.sum_decode_kv_tokens, experts)
+        return None, DecodeRow(
+            t_start, m.wall_time, n_d, 1.0, s.sum_decode_kv_tokens, experts, overhead, cpu
+        )
     return None, None

@@ -5,7 +5,8 @@ and aborts inside a 200 answer (native `meta_info.finish_reason.type == "abort"`
 `{"error": ...}` events or `{"object": "error"}` bodies), output token counts (native
 `meta_info.completion_tokens` / `output_ids`, OpenAI `usage`, else one per chunk) and the
 engine's cached prefix (`meta_info.cached_tokens`, OpenAI
-`usage.prompt_tokens_details.cached_tokens` with --enable-cache-report).
+`usage.prompt_tokens_details.cached_tokens` with --enable-cache-report). Stage stamps in
+`meta_info` are read by `cluster.sglang.wire.stamps`.
 """
 
 from __future__ import annotations
