@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import itertools
 from datetime import datetime
 from pathlib import Path
@@ -41,6 +43,8 @@ def value(col: Column) -> st.SearchStrategy[Any]:
         s = st.datetimes(datetime(1900, 1, 1), datetime(2200, 1, 1))
     elif col.sql == "DOUBLE[]":
         s = st.lists(st.floats(allow_nan=False, allow_infinity=False), max_size=5)
+    elif col.sql == "JSON":  # JSON documents as text (token ids, profiles)
+        s = st.lists(st.integers(0, 2**31 - 1), max_size=5).map(json.dumps)
     else:
         raise AssertionError(col.sql)
     return st.one_of(st.none(), s) if col.nullable else s
