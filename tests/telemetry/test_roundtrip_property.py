@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import json
-
 import itertools
+import json
 from datetime import datetime
 from pathlib import Path
 from typing import Any
