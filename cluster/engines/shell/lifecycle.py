@@ -12,6 +12,7 @@ its prefill hands to decode.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import tempfile
 import threading
@@ -54,6 +55,8 @@ class ShellOptions(TypedDict, total=False):
     forward_metrics_endpoint: str | None  # default: the engine's `fpm_default`
     bootstrap_port: int  # 0 picks a free one
     enable_pd_role_switch: bool  # default False
+    token: str | None  # bearer token of the mutating routes (default None: none needed)
+    max_body_bytes: int | None  # default `body_limit(max_model_len)`
 
 
 T = TypeVar("T")
@@ -93,6 +96,8 @@ class EngineShell(Generic[S]):
         )
         self.bootstrap_port = options.get("bootstrap_port", 0)
         self.enable_pd_role_switch = options.get("enable_pd_role_switch", False)
+        self.token = options.get("token")
+        self._max_body_bytes = options.get("max_body_bytes")
         self.transfer_timeout_s = transfer_timeout_s
         self.kv_publisher: ZmqBatchPublisher | None = None
         self.fpm_publisher: ZmqBatchPublisher | None = None
@@ -181,6 +186,15 @@ class EngineShell(Generic[S]):
         return self.scheduler
 
     @property
+    def max_model_len(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def max_body_bytes(self) -> int:
+        """The largest request body the HTTP server reads (413 beyond it)."""
+        return self._max_body_bytes or body_limit(self.max_model_len)
+
+    @property
     def inflight(self) -> int:
         """HTTP generation requests being answered."""
         return self._inflight
@@ -243,22 +257,37 @@ class EngineShell(Generic[S]):
             self._client = httpx.AsyncClient()
         return self._client
 
-    @staticmethod
-    async def updates(submit: Callable[[OnUpdate], _Progress]) -> AsyncIterator[Update]:
-        """Submit a request built around an `OnUpdate` and yield its updates on this loop."""
+    async def updates(self, submit: Callable[[OnUpdate], _Progress]) -> AsyncIterator[Update]:
+        """Submit a request built around an `OnUpdate` and yield its updates on this loop.
+
+        Closed or cancelled before its finish (the client went away), the request is
+        aborted in the scheduler, which frees its KV and its seat (`SchedulerThread.abort`).
+        """
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[list[int], Finish | None]] = asyncio.Queue()
 
         def on_update(ids: list[int], fin: Finish | None) -> None:
-            # Called on the scheduler thread: hand the update to this request's event loop.
-            loop.call_soon_threadsafe(queue.put_nowait, (ids, fin))
+            # Called on the scheduler thread: hand the update to this request's event loop
+            # (gone once the HTTP server stopped: nobody waits for the update any more).
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(queue.put_nowait, (ids, fin))
 
         req = submit(on_update)
-        while True:
-            ids, fin = await queue.get()
-            yield ids, fin, req.cached_tokens
-            if fin is not None:
-                return
+        finished = False
+        try:
+            while not finished:
+                ids, fin = await queue.get()
+                finished = fin is not None
+                yield ids, fin, req.cached_tokens
+        finally:
+            if not finished:
+                self.sched.abort(req)
+
+
+def body_limit(max_model_len: int) -> int:
+    """Bytes of the largest body a request may need: 16 per token of the context (a token
+    id written as JSON, or an escaped byte of text) plus 1 MiB for everything else."""
+    return 16 * max_model_len + (1 << 20)
 
 
 def _host_port(endpoint: str) -> tuple[str, int]:

@@ -24,6 +24,7 @@ or `python -m cluster.engines.standin.server --role prefill --port 30000`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import threading
@@ -37,7 +38,6 @@ from fastapi import FastAPI
 
 from cluster.engines.shell.lifecycle import EngineEndpoints, EngineShell, ShellOptions, Update
 from cluster.engines.shell.scheduling import ROLES, OnUpdate, Role
-from cluster.engines.shell.sglang_http import check_generate
 from cluster.engines.standin.bootstrap import RoomRegistry, bootstrap_app, wait_for_prefill
 from cluster.engines.standin.http_api import standin_app
 from cluster.engines.standin.scheduler import SchedulerConfig, StandinRequest, StandinScheduler
@@ -91,7 +91,9 @@ class StandinEngine(EngineShell[StandinScheduler]):
         return standin_app(self)
 
     def _bootstrap_app(self) -> FastAPI:
-        return bootstrap_app(self.rooms, page_size=self.config.page_size, http_port=self.port)
+        return bootstrap_app(
+            self.rooms, page_size=self.config.page_size, http_port=self.port, token=self.token
+        )
 
     # --- state ------------------------------------------------------------------------------
 
@@ -170,8 +172,11 @@ class StandinEngine(EngineShell[StandinScheduler]):
 
     # --- requests ---------------------------------------------------------------------------
 
-    def check_generate(self, body: dict[str, Any]) -> str | None:
-        return check_generate(body, "The SGLang stand-in")
+    def check_prompt(self, ids: list[int], max_new_tokens: int) -> str | None:
+        """Token ids must fit SGLang's uint32 block hashing (the pool is checked when the
+        scheduler admits the request, as SGLang's does)."""
+        bad = next((t for t in ids if not 0 <= t < 1 << 32), None)
+        return None if bad is None else f"token id {bad} is outside [0, 2**32)"
 
     async def generate(
         self, input_ids: list[int], sampling: dict[str, Any], rid: str, body: dict[str, Any]
@@ -213,8 +218,9 @@ class StandinEngine(EngineShell[StandinScheduler]):
             self.sched.submit(req)
             return req
 
-        async for update in self.updates(submit):
-            yield update
+        async with contextlib.aclosing(self.updates(submit)) as updates:
+            async for update in updates:
+                yield update
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -36,6 +36,7 @@ from cluster.engines.shell.scheduling import (
     SchedulerThread,
     abort,
     check_role,
+    client_gone,
     prefill_chunks,
     publish_fpm,
     publish_kv_events,
@@ -106,12 +107,15 @@ class Scheduler(SchedulerThread[EngineRequest]):
         while not self._stop.is_set():
             with self._cond:
                 self._take_inbox()
+                aborts = self._take_aborts()
                 calls = list(self._calls)
                 self._calls.clear()
-                if not calls and not self.waiting and not self.running:
+                if not calls and not aborts and not self.waiting and not self.running:
                     self._heartbeat.beat()
                     self._cond.wait(0.2)
                     continue
+            for req in aborts:
+                self._drop(req)
             for fn, fut in calls:
                 try:
                     fut.set_result(fn())
@@ -321,6 +325,11 @@ class Scheduler(SchedulerThread[EngineRequest]):
             req.reserved_pages = 0
             req.admitted = False
         req.on_update(list(req.output_ids), finish)
+
+    def _drop(self, req: EngineRequest) -> None:
+        """An aborted request leaves its queue; its pages and reservation go back."""
+        if self._dequeue(req):
+            self._finish(req, client_gone(), time.monotonic())
 
     def _fail_all(self, message: str) -> None:
         """Abort every request after a failed pass; their pages go back where possible."""

@@ -80,6 +80,7 @@ class LiveRequest:
     engine_cached: bool = False  # cached_tokens came from the engine
     placed: bool = False  # an attempt holds router, in-flight and decode-load entries
     admitted: bool = False  # the control plane counts it in service (cp.admit ran)
+    recorded: bool = False  # its end was accounted for and its row written
 
     def route_request(self, now: float) -> RouteRequest:
         return RouteRequest(
