@@ -18,9 +18,12 @@ and generation need none, like SGLang without --api-key. Answers are JSON `{"det
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import secrets
 from collections.abc import Callable, Collection
+from pathlib import Path
 from typing import Any, TypeVar
 
 from fastapi import FastAPI
@@ -50,6 +53,37 @@ def token_problem(authorization: str | None, token: str) -> str | None:
     if not secrets.compare_digest(given.strip().encode(), token.encode()):
         return INVALID_TOKEN
     return None
+
+
+def engine_token(given: str | None) -> tuple[str, bool]:
+    """(the token, whether it was generated): `given` (--token or $PDLAB_ENGINE_TOKEN),
+    else a new random one."""
+    if given is not None:
+        if not given.strip():
+            raise ValueError(f"the engine token is empty: pass --token or set ${TOKEN_ENV}")
+        return given.strip(), False
+    return secrets.token_urlsafe(18), True
+
+
+def token_dir() -> Path:
+    """Where generated engine tokens are written: $XDG_RUNTIME_DIR/pdlab, else
+    ~/.cache/pdlab (created private to the user)."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    base = Path(runtime) if runtime else Path.home() / ".cache"
+    return base / "pdlab"
+
+
+def write_token_file(token: str, name: str) -> Path:
+    """Write `token` to `token_dir()/name`, readable by the user alone; its path."""
+    d = token_dir()
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = d / name
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()  # a stale file (or a planted link) is not reused
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return path
 
 
 def mutation_route(app: FastAPI, path: str) -> Callable[[H], H]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
 import threading
 import time
@@ -36,6 +37,7 @@ from typing import Any, Unpack
 
 from fastapi import FastAPI
 
+from cluster.engines.shell.guard import TOKEN_ENV
 from cluster.engines.shell.lifecycle import EngineEndpoints, EngineShell, ShellOptions, Update
 from cluster.engines.shell.scheduling import ROLES, OnUpdate, Role
 from cluster.engines.standin.bootstrap import RoomRegistry, bootstrap_app, wait_for_prefill
@@ -235,7 +237,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--time-scale", type=float, default=1.0)
     p.add_argument("--enable-pd-role-switch", action="store_true")
+    p.add_argument(
+        "--token",
+        default=os.environ.get(TOKEN_ENV),
+        help=f"bearer token of the mutating routes (default ${TOKEN_ENV}; none: like SGLang "
+        "without --api-key, mutations need only a JSON body)",
+    )
     a = p.parse_args(argv)
+    if a.token is not None and not a.token.strip():
+        p.error(f"the token is empty: pass --token or set ${TOKEN_ENV}")
     engine = StandinEngine(
         a.role,
         host=a.host,
@@ -246,6 +256,7 @@ def main(argv: list[str] | None = None) -> None:
         forward_metrics_endpoint=a.forward_metrics_endpoint,
         bootstrap_port=a.bootstrap_port,
         enable_pd_role_switch=a.enable_pd_role_switch,
+        token=a.token,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

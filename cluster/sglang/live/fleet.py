@@ -184,7 +184,7 @@ class EngineFleet:
         """GET /health of every engine not relaunching, outside the lock; an engine is
         failing once `failures_to_down` checks in a row failed."""
         for n, st in list(self.states.items()):
-            if st.relaunching:
+            if st.relaunching or st.dead:
                 continue
             try:
                 r = client.get(f"{st.spec.http_url}/health", headers=headers)
