@@ -60,6 +60,7 @@ class RoomRegistry(Generic[R]):
         self._bytes = 0
         self.num_forgotten = 0
         self._wakers: dict[int, list[Callable[[], None]]] = {}
+        self._closed = False
 
     def finish(self, room: int, result: R) -> None:
         with self._cond:
@@ -83,6 +84,15 @@ class RoomRegistry(Generic[R]):
     def take(self, room: int, timeout_s: float) -> R | None:
         """Wait for `room` and remove it; None when it did not finish in time."""
         return self._wait(room, timeout_s, remove=True)
+
+    def close(self) -> None:
+        """The engine is stopping: every wait, now or later, ends with None at once."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            for wakers in self._wakers.values():
+                for wake in wakers:
+                    wake()
 
     async def take_async(self, room: int, timeout_s: float) -> R | None:
         """`take` for an event loop: waits without holding a thread (a cancelled wait,
@@ -111,7 +121,7 @@ class RoomRegistry(Generic[R]):
             while True:
                 found = self._wait(room, 0.0, remove=remove)
                 left = deadline - time.monotonic()
-                if found is not None or left <= 0:
+                if found is not None or left <= 0 or self._closed:
                     return found
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(arrived.wait(), left)
@@ -134,7 +144,7 @@ class RoomRegistry(Generic[R]):
         with self._cond:
             while room not in self._rooms:
                 left = deadline - time.monotonic()
-                if left <= 0:
+                if left <= 0 or self._closed:
                     return None
                 self._cond.wait(left)
             if not remove:

@@ -24,6 +24,7 @@ from typing import Any, Generic, Literal, NamedTuple, Protocol, TypedDict, TypeV
 import httpx
 from fastapi import FastAPI
 
+from cluster.engines.shell import bootstrap as shell_bootstrap
 from cluster.engines.shell.loopback import LoopbackServer
 from cluster.engines.shell.scheduling import Finish, OnUpdate, Role, SchedulerThread, check_role
 from cluster.sglang.wire.publisher import ZmqBatchPublisher
@@ -107,6 +108,10 @@ class EngineShell(Generic[S]):
         self._http: LoopbackServer | None = None
         self._bootstrap: LoopbackServer | None = None
         self._client: httpx.AsyncClient | None = None  # used on the HTTP server's loop only
+        self._loop: asyncio.AbstractEventLoop | None = None  # the HTTP server's
+        self._handoffs: set[asyncio.Future[Any]] = set()  # decode sides waiting for a room
+        self._stopping = False
+        self.rooms: shell_bootstrap.RoomRegistry[Any] | None = None  # the engine's, if any
         self._inflight = 0
         self._inflight_lock = threading.Lock()
         self._started_at = 0.0
@@ -158,6 +163,20 @@ class EngineShell(Generic[S]):
         return self.endpoints
 
     def stop(self) -> None:
+        self._stopping = True
+        if self.rooms is not None:
+            self.rooms.close()  # long polls for rooms answer now
+        if self._loop is not None and not self._loop.is_closed():
+            for wait in list(self._handoffs):
+                with contextlib.suppress(RuntimeError):
+                    self._loop.call_soon_threadsafe(wait.cancel)
+        if self.scheduler is not None and self.scheduler.alive:
+            # Answer what is in flight (an abort, 503) before the HTTP server closes, so no
+            # handler is left for uvicorn to cancel at its graceful-shutdown deadline.
+            self.scheduler.abort_all("the engine is stopping")
+            deadline = time.monotonic() + 2.0
+            while (self._inflight or not self.scheduler.is_idle()) and time.monotonic() < deadline:
+                time.sleep(0.01)
         servers = [s for s in (self._http, self._bootstrap) if s is not None]
         for server in servers:  # both wind down at once
             server.request_stop()
@@ -243,12 +262,21 @@ class EngineShell(Generic[S]):
         host = str(body.get("bootstrap_host") or "127.0.0.1")  # SGLang's defaults
         port = int(body.get("bootstrap_port") or 8998)
         room_id = int(body["bootstrap_room"])  # present: checked above
+        wait = asyncio.ensure_future(
+            fetch(self._bootstrap_client(), host, port, room_id, self.transfer_timeout_s)
+        )
+        self._loop = asyncio.get_running_loop()
+        self._handoffs.add(wait)
         try:
-            got = await fetch(
-                self._bootstrap_client(), host, port, room_id, self.transfer_timeout_s
-            )
+            got = await wait
         except (httpx.HTTPError, RuntimeError, TimeoutError, ValueError) as e:
             return None, {"type": "abort", "message": str(e), "status_code": 500}
+        except asyncio.CancelledError:
+            if not (self._stopping and wait.cancelled()):
+                raise  # the client went away
+            return None, {"type": "abort", "message": "the engine is stopping", "status_code": 503}
+        finally:
+            self._handoffs.discard(wait)
         return got, None
 
     def _bootstrap_client(self) -> httpx.AsyncClient:

@@ -61,6 +61,7 @@ class SchedulerThread(Generic[Q]):
         self.num_passes = 0
         self._inbox: deque[Q] = deque()
         self._aborts: list[Q] = []
+        self._abort_message: str | None = None  # set by `abort_all`
         self.num_aborted = 0
         self._cond = threading.Condition()
         self._stop = threading.Event()
@@ -98,6 +99,13 @@ class SchedulerThread(Generic[Q]):
             self._aborts.append(req)
             self._cond.notify_all()
 
+    def abort_all(self, message: str) -> None:
+        """From now on finish every request with an abort (503: the engine is stopping), so
+        their clients get an answer before the HTTP server closes. Any thread."""
+        with self._cond:
+            self._abort_message = message
+            self._cond.notify_all()
+
     def is_idle(self) -> bool:
         with self._cond:
             return not (self._inbox or self.waiting or self.running)
@@ -107,9 +115,14 @@ class SchedulerThread(Generic[Q]):
         while self._inbox:
             self.waiting.append(self._inbox.popleft())
 
-    def _take_aborts(self) -> list[Q]:
-        """The requests aborted since the last call (call under `_cond`)."""
-        out, self._aborts = self._aborts, []
+    def _take_aborts(self) -> list[tuple[Q, Finish]]:
+        """The requests to abort now, with their finish: those whose client left, and after
+        `abort_all` every queued and running one (call under `_cond`, after `_take_inbox`)."""
+        out = [(req, client_gone()) for req in self._aborts]
+        self._aborts = []
+        if self._abort_message is not None:
+            stopping = abort(self._abort_message, 503)
+            out += [(req, stopping) for req in [*self.waiting, *self.running]]
         return out
 
     def _dequeue(self, req: Q) -> bool:

@@ -29,7 +29,6 @@ from cluster.engines.shell.scheduling import (
     SchedulerThread,
     abort,
     check_role,
-    client_gone,
     prefill_chunks,
     publish_fpm,
     publish_kv_events,
@@ -128,8 +127,8 @@ class StandinScheduler(SchedulerThread[StandinRequest]):
         while not self._stop.is_set():
             with self._cond:
                 self._take_inbox()
-                for req in self._take_aborts():
-                    self._drop(req)
+                for req, finish in self._take_aborts():
+                    self._drop(req, finish)
                 if not self.waiting and not self.running:
                     self._heartbeat.beat()
                     self._cond.wait(0.2)
@@ -287,11 +286,11 @@ class StandinScheduler(SchedulerThread[StandinRequest]):
         req.reserved_pages = 0
         req.on_update(list(req.output_ids), finish)
 
-    def _drop(self, req: StandinRequest) -> None:
+    def _drop(self, req: StandinRequest, finish: Finish) -> None:
         """An aborted request leaves its queue (under the lock, between passes); its locked
         pages and reservation go back."""
         if self._dequeue(req):
-            self._release(req, time.monotonic(), client_gone())
+            self._release(req, time.monotonic(), finish)
 
     def _queued_metrics(self) -> QueuedRequestMetrics:
         waiting = [r for r in self.waiting if r.first_token_id is None]

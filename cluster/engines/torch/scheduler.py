@@ -36,7 +36,6 @@ from cluster.engines.shell.scheduling import (
     SchedulerThread,
     abort,
     check_role,
-    client_gone,
     prefill_chunks,
     publish_fpm,
     publish_kv_events,
@@ -114,8 +113,8 @@ class Scheduler(SchedulerThread[EngineRequest]):
                     self._heartbeat.beat()
                     self._cond.wait(0.2)
                     continue
-            for req in aborts:
-                self._drop(req)
+            for req, finish in aborts:
+                self._drop(req, finish)
             for fn, fut in calls:
                 try:
                     fut.set_result(fn())
@@ -326,10 +325,10 @@ class Scheduler(SchedulerThread[EngineRequest]):
             req.admitted = False
         req.on_update(list(req.output_ids), finish)
 
-    def _drop(self, req: EngineRequest) -> None:
+    def _drop(self, req: EngineRequest, finish: Finish) -> None:
         """An aborted request leaves its queue; its pages and reservation go back."""
         if self._dequeue(req):
-            self._finish(req, client_gone(), time.monotonic())
+            self._finish(req, finish, time.monotonic())
 
     def _fail_all(self, message: str) -> None:
         """Abort every request after a failed pass; their pages go back where possible."""
