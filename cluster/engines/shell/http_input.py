@@ -200,15 +200,15 @@ def openai_input(
 ) -> GenerateInput:
     """/v1/completions (`chat` False: prompt) or /v1/chat/completions (messages), checked;
     the output bound is the first of `max_fields` set."""
+    prompt = body.get("prompt")
     if chat:
         ids = chat_ids(body.get("messages"))
+    elif isinstance(prompt, str):
+        ids = encode_text(prompt, "prompt")
+    elif isinstance(prompt, list):
+        ids = token_ids(prompt, "prompt")
     else:
-        prompt = body.get("prompt")
-        ids = encode_text(prompt, "prompt") if isinstance(prompt, str) else None
-        if ids is None:
-            if not isinstance(prompt, list):
-                raise BadRequest("prompt must be a non-empty string or a list of token ids")
-            ids = token_ids(prompt, "prompt")
+        raise BadRequest("prompt must be a non-empty string or a list of token ids")
     bounds = [opt_int(body, f, 1) for f in max_fields]
     max_new = next((b for b in bounds if b is not None), None)
     opt_str(body, "model", 256)

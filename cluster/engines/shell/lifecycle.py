@@ -17,7 +17,7 @@ import json
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, Generic, Literal, NamedTuple, Protocol, TypedDict, TypeVar, Unpack
 
@@ -111,7 +111,6 @@ class EngineShell(Generic[S]):
         self._loop: asyncio.AbstractEventLoop | None = None  # the HTTP server's
         self._handoffs: set[asyncio.Future[Any]] = set()  # decode sides waiting for a room
         self._stopping = False
-        self.rooms: shell_bootstrap.RoomRegistry[Any] | None = None  # the engine's, if any
         self._inflight = 0
         self._inflight_lock = threading.Lock()
         self._started_at = 0.0
@@ -125,6 +124,10 @@ class EngineShell(Generic[S]):
         raise NotImplementedError
 
     def _bootstrap_app(self) -> FastAPI:
+        raise NotImplementedError
+
+    def _registry(self) -> shell_bootstrap.RoomRegistry[Any]:
+        """Where finished prefills wait for their decode side (the bootstrap app's)."""
         raise NotImplementedError
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -164,8 +167,7 @@ class EngineShell(Generic[S]):
 
     def stop(self) -> None:
         self._stopping = True
-        if self.rooms is not None:
-            self.rooms.close()  # long polls for rooms answer now
+        self._registry().close()  # long polls for rooms answer now
         if self._loop is not None and not self._loop.is_closed():
             for wait in list(self._handoffs):
                 with contextlib.suppress(RuntimeError):
@@ -285,7 +287,9 @@ class EngineShell(Generic[S]):
             self._client = httpx.AsyncClient()
         return self._client
 
-    async def updates(self, submit: Callable[[OnUpdate], _Progress]) -> AsyncIterator[Update]:
+    async def updates(
+        self, submit: Callable[[OnUpdate], _Progress]
+    ) -> AsyncGenerator[Update, None]:
         """Submit a request built around an `OnUpdate` and yield its updates on this loop.
 
         Closed or cancelled before its finish (the client went away), the request is

@@ -21,7 +21,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
@@ -69,7 +69,7 @@ class SGLangEngine(Protocol):
 
     def generate(
         self, ids: list[int], sampling: dict[str, Any], rid: str, body: dict[str, Any]
-    ) -> AsyncIterator[Update]: ...
+    ) -> AsyncGenerator[Update, None]: ...
 
 
 def sglang_app(
@@ -227,7 +227,7 @@ def role_switch_reply(
     return JSONResponse(out, status_code=200 if success else 400)
 
 
-async def _collect(engine: SGLangEngine, it: AsyncIterator[Update]) -> Update:
+async def _collect(engine: SGLangEngine, it: AsyncGenerator[Update, None]) -> Update:
     engine.track(+1)
     try:
         last: Update = ([], None, 0)
@@ -240,7 +240,9 @@ async def _collect(engine: SGLangEngine, it: AsyncIterator[Update]) -> Update:
 
 
 def _stream(
-    engine: SGLangEngine, gen: AsyncIterator[Update], events: Callable[[Update], list[bytes]]
+    engine: SGLangEngine,
+    gen: AsyncGenerator[Update, None],
+    events: Callable[[Update], list[bytes]],
 ) -> StreamingResponse:
     """An SSE answer: `events` of each update, then `data: [DONE]`. A client that goes
     away cancels it, which closes `gen` (the request is aborted in the engine)."""

@@ -31,7 +31,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import replace
 from typing import Any, Unpack
 
@@ -91,6 +91,9 @@ class StandinEngine(EngineShell[StandinScheduler]):
 
     def _http_app(self) -> FastAPI:
         return standin_app(self)
+
+    def _registry(self) -> RoomRegistry:
+        return self.rooms
 
     def _bootstrap_app(self) -> FastAPI:
         return bootstrap_app(
@@ -182,7 +185,7 @@ class StandinEngine(EngineShell[StandinScheduler]):
 
     async def generate(
         self, input_ids: list[int], sampling: dict[str, Any], rid: str, body: dict[str, Any]
-    ) -> AsyncIterator[Update]:
+    ) -> AsyncGenerator[Update, None]:
         """Yield (output ids so far, finish reason or None, cached tokens) updates.
 
         A decode-role engine first fetches the prefill's result for the request's bootstrap

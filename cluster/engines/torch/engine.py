@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import replace
 from typing import Any, Unpack
 
@@ -71,6 +71,9 @@ class TorchEngine(EngineShell[Scheduler]):
         from cluster.engines.torch.http_api import create_app
 
         return create_app(self)
+
+    def _registry(self) -> RoomRegistry:
+        return self.rooms
 
     def _bootstrap_app(self) -> FastAPI:
         return bootstrap_app(
@@ -200,7 +203,7 @@ class TorchEngine(EngineShell[Scheduler]):
 
     async def generate(
         self, ids: list[int], sampling: dict[str, Any], rid: str, body: dict[str, Any]
-    ) -> AsyncIterator[Update]:
+    ) -> AsyncGenerator[Update, None]:
         """Yield (output ids so far, finish reason or None, cached tokens) updates."""
         max_new = int(sampling.get("max_new_tokens", 128))
         problem = self.check_prompt(ids, max_new)

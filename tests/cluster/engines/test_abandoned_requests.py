@@ -56,15 +56,33 @@ async def _first_chunk(client: httpx.AsyncClient, url: str, body: dict[str, Any]
     return "finished"
 
 
-def abandon(
-    base: str, *, give_up: int, first_chunk: int, non_streaming: int, after_s: float = 1.5
-) -> Counter[str]:
-    """Send the abandoned /generate requests at once (each on its own connection); how
-    each client ended."""
-    url = f"{base}/generate"
+def native(i: int, stream: bool) -> dict[str, Any]:
+    return {"text": f"abandoned request {i} " * 3, "stream": stream, "sampling_params": LONG}
 
-    def body(i: int, stream: bool) -> dict[str, Any]:
-        return {"text": f"abandoned request {i} " * 3, "stream": stream, "sampling_params": LONG}
+
+def chat(i: int, stream: bool) -> dict[str, Any]:
+    messages = [{"role": "user", "content": f"abandoned chat {i} " * 3}]
+    return {"messages": messages, "stream": stream, "max_tokens": 4000, "ignore_eos": True}
+
+
+def completion(i: int, stream: bool) -> dict[str, Any]:
+    prompt = f"abandoned completion {i} " * 3
+    return {"prompt": prompt, "stream": stream, "max_tokens": 4000, "ignore_eos": True}
+
+
+def abandon(
+    base: str,
+    *,
+    give_up: int,
+    first_chunk: int,
+    non_streaming: int,
+    after_s: float = 1.5,
+    route: str = "/generate",
+    body: Callable[[int, bool], dict[str, Any]] = native,
+) -> Counter[str]:
+    """Send the abandoned requests at once (each on its own connection); how each client
+    ended."""
+    url = f"{base}{route}"
 
     async def run() -> Counter[str]:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
@@ -130,6 +148,18 @@ def test_the_stand_in_aborts_abandoned_requests_too() -> None:
         sched = engine.sched
         assert sched.cache.reserved_pages == 0
         assert sched.num_aborted == 18
+        assert short_request(url)["meta_info"]["completion_tokens"] == 2
+
+
+def test_abandoned_openai_requests_are_aborted_too() -> None:
+    slow = SchedulerConfig(capacity_pages=512, time_scale=3.0)
+    with StandinEngine("null", config=slow) as engine:
+        url = engine.endpoints.http_url  # type: ignore[union-attr]
+        for route, body in (("/v1/chat/completions", chat), ("/v1/completions", completion)):
+            ended = abandon(url, give_up=4, first_chunk=2, non_streaming=2, route=route, body=body)
+            assert ended == {"gave up": 6, "closed after a chunk": 2}, route
+        assert until(lambda: idle(engine)), engine.server_info()["internal_states"]
+        assert engine.sched.num_aborted == 16 and engine.sched.cache.reserved_pages == 0
         assert short_request(url)["meta_info"]["completion_tokens"] == 2
 
 
