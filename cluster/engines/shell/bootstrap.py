@@ -43,7 +43,9 @@ MAX_RANK = 1 << 20
 
 class RoomRegistry(Generic[R]):
     """Finished prefills by bootstrap room, bounded by count and by bytes (oldest forgotten
-    first; the newest room always stays)."""
+    first; the newest room always stays) and, with `max_age_s`, by age: a room whose decode
+    side never came (its client went away) is forgotten then, as SGLang's prefill gives up
+    a transfer after its bootstrap timeout."""
 
     def __init__(
         self,
@@ -51,8 +53,11 @@ class RoomRegistry(Generic[R]):
         max_rooms: int | None = None,
         max_bytes: int | None = None,
         nbytes: Callable[[R], int] = lambda _: 0,
+        max_age_s: float | None = None,
     ) -> None:
         self._rooms: OrderedDict[int, R] = OrderedDict()
+        self._finished_at: dict[int, float] = {}
+        self.max_age_s = max_age_s
         self._cond = threading.Condition()
         self.max_rooms = max_rooms
         self.max_bytes = max_bytes
@@ -68,11 +73,10 @@ class RoomRegistry(Generic[R]):
             if old is not None:
                 self._bytes -= self._nbytes(old)
             self._rooms[room] = result
+            self._finished_at[room] = time.monotonic()
             self._bytes += self._nbytes(result)
-            while len(self._rooms) > 1 and self._over_bound():
-                _, gone = self._rooms.popitem(last=False)
-                self._bytes -= self._nbytes(gone)
-                self.num_forgotten += 1
+            while len(self._rooms) > 1 and (self._over_bound() or self._expired()):
+                self._forget_oldest()
             self._cond.notify_all()
             for wake in self._wakers.get(room, ()):
                 wake()
@@ -134,6 +138,19 @@ class RoomRegistry(Generic[R]):
                 if not wakers:
                     self._wakers.pop(room, None)
 
+    def _expired(self) -> bool:
+        """Whether the oldest room is past `max_age_s` (call under `_cond`)."""
+        if self.max_age_s is None or not self._rooms:
+            return False
+        oldest = next(iter(self._rooms))
+        return time.monotonic() - self._finished_at[oldest] > self.max_age_s
+
+    def _forget_oldest(self) -> None:
+        room, gone = self._rooms.popitem(last=False)
+        self._finished_at.pop(room, None)
+        self._bytes -= self._nbytes(gone)
+        self.num_forgotten += 1
+
     def _over_bound(self) -> bool:
         return (self.max_rooms is not None and len(self._rooms) > self.max_rooms) or (
             self.max_bytes is not None and self._bytes > self.max_bytes
@@ -142,6 +159,8 @@ class RoomRegistry(Generic[R]):
     def _wait(self, room: int, timeout_s: float, *, remove: bool) -> R | None:
         deadline = time.monotonic() + timeout_s
         with self._cond:
+            while self._expired():
+                self._forget_oldest()
             while room not in self._rooms:
                 left = deadline - time.monotonic()
                 if left <= 0 or self._closed:
@@ -150,6 +169,7 @@ class RoomRegistry(Generic[R]):
             if not remove:
                 return self._rooms[room]
             out = self._rooms.pop(room)
+            self._finished_at.pop(room, None)
             self._bytes -= self._nbytes(out)
             return out
 

@@ -13,7 +13,8 @@ GET /pdlab/kv_transfer/{room}, whose body is the room's KV bytes in place of SGL
 meta = {bootstrap_room, prompt_tokens, first_token_id, cached_tokens, dtype, shape}, shape
 [layers, 2, pages, page_size, kv_heads, head_dim]. The bytes are the pool's own, so the
 decode engine's pages equal the prefill's byte for byte. A room is handed out once; rooms
-nobody fetches are forgotten oldest first past `max_bytes`.
+nobody fetches (their client went away) are forgotten oldest first past `max_bytes`, or
+`ROOM_MAX_AGE_S` after they finished.
 """
 
 from __future__ import annotations
@@ -72,11 +73,17 @@ def decode_room(payload: bytes) -> Room:
     )
 
 
-class RoomRegistry(shell.RoomRegistry[Room]):
-    """Finished prefills by bootstrap room, until fetched (bounded by bytes)."""
+ROOM_MAX_AGE_S = 300.0  # SGLang's SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT default
 
-    def __init__(self, max_bytes: int = 1 << 30) -> None:
-        super().__init__(max_bytes=max_bytes, nbytes=lambda room: room.kv.nbytes)
+
+class RoomRegistry(shell.RoomRegistry[Room]):
+    """Finished prefills by bootstrap room, until fetched (bounded by bytes, and by age: a
+    room nobody fetched within `max_age_s` is forgotten, its KV copy freed)."""
+
+    def __init__(self, max_bytes: int = 1 << 30, max_age_s: float = ROOM_MAX_AGE_S) -> None:
+        super().__init__(
+            max_bytes=max_bytes, nbytes=lambda room: room.kv.nbytes, max_age_s=max_age_s
+        )
 
 
 TRANSFER_PATH = "/pdlab/kv_transfer"

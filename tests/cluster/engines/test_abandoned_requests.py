@@ -206,3 +206,18 @@ def test_a_client_leaving_the_pd_proxy_cancels_both_engine_calls() -> None:
         server.stop()
         for e in engines:
             e.stop()
+
+
+def test_a_prefilled_room_nobody_fetches_is_forgotten_after_its_age() -> None:
+    from cluster.engines.shell.bootstrap import RoomRegistry
+
+    rooms: RoomRegistry[str] = RoomRegistry(max_age_s=0.2)
+    rooms.finish(1, "kv of room 1")  # its decode side went away: nobody takes it
+    time.sleep(0.3)
+    rooms.finish(2, "kv of room 2")
+    assert len(rooms) == 1 and rooms.num_forgotten == 1
+    assert rooms.take(2, 0.0) == "kv of room 2"
+    rooms.finish(3, "kv of room 3")
+    time.sleep(0.3)
+    assert rooms.take(3, 0.0) is None and len(rooms) == 0
+    assert asyncio.run(rooms.take_async(3, 0.05)) is None
