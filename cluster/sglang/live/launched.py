@@ -245,6 +245,7 @@ class LaunchedCluster(SGLangCluster):
                 st = self.engines[p.node_id]
                 st.dead, st.last_error = True, reason
                 st.kv_gpu_used_tokens = st.kv_host_used_tokens = None  # stale from now on
+                st.decode_kv_tokens = st.running = 0
                 dropped = self.cp.drop_node_blocks(p.node_id)
                 self.outages.died(p.node_id, p.url, self.now(), reason)
             log.error(

@@ -78,7 +78,9 @@ def test_a_dead_engine_is_reported_refused_a_switch_and_ends_the_run_failed(
 
             r = httpx.post(f"{url}/v1/nodes/2/phase", json={"phase": "prefill"}, headers=AUTH)
             assert r.status_code == 409 and "engine is down" in r.json()["detail"], r.text
-            assert httpx.get(f"{url}/v1/cluster").json()["nodes"][2]["switching"] is None
+            node = httpx.get(f"{url}/v1/cluster").json()["nodes"][2]
+            assert node["switching"] is None and not node["healthy"]
+            assert node["kv_gpu_used"] == 0 and node["kv_blocks"] == 0  # its KV died with it
             assert all(_generate(url).status_code == 200 for _ in range(3))  # node 1 serves
     finally:
         summary = cluster.stop()
