@@ -39,7 +39,6 @@ from cluster.sglang.live.fleet import EngineFleet
 from cluster.sglang.live.kv_sync import KVSync
 from cluster.sglang.live.live_request import LiveRequest
 from cluster.sglang.live.online_fit import OnlineFitter
-from cluster.sglang.live.outages import Outages
 from cluster.sglang.live.proxy import PDProxy
 from cluster.sglang.live.role_switch import RoleSwitcher, SwitchRecord
 from cluster.sglang.live.telemetry_run import LockedSink, open_run
@@ -77,7 +76,6 @@ class SGLangCluster:
         self.summary: dict[str, Any] | None = None
         self._split_timeline: list[tuple[float, int, int]] = []
         self.switch_log: list[SwitchRecord] = []
-        self.outages = Outages(None)
         self.run_start_wall = time.time()
         self.num_completed = 0
         self._listener: RequestListener | None = None
@@ -190,7 +188,6 @@ class SGLangCluster:
                 on_pass=self._on_pass,
             )
             self.proxy = PDProxy(self)
-            self.outages = Outages(self.sink)
             self.kv_sync = KVSync(
                 self.fleet.states,
                 self.lock,
@@ -235,13 +232,8 @@ class SGLangCluster:
         self.fleet.close()
         with self.lock:
             self.summary = self._summary()
-            ended_short = self.outages.end_detail()
-        if self.sink is not None:
-            if ended_short is None:
-                self.sink.close()
-            else:  # an engine died or is down: the run is not whole (its rows are kept)
-                log.error("run %s ends with engines out of service: %s", self.run_id, ended_short)
-                self.sink.abort(f"engines out of service: {ended_short}")
+        if self.sink is not None:  # closed, or failed when an engine died or is down
+            self.fleet.outages.end_run(self.sink)
         return self.summary
 
     def _summary(self) -> dict[str, Any]:
@@ -256,7 +248,7 @@ class SGLangCluster:
             "switches": self.cp.num_switches,
             "final_split": "{}P{}D".format(*self.cp.split()),
             "telemetry_rejected": 0 if self.sink is None else self.sink.errors,
-            "outages": self.outages.as_list(),
+            "outages": self.fleet.outages.as_list(),
             "streams": {
                 n: {
                     "kv": None if st.kv is None else st.kv.stats.as_dict(),
@@ -320,7 +312,6 @@ class SGLangCluster:
             changed = self.fleet.mark_down(node, reason)
             if changed:
                 self.cp.mark_unavailable(node, DOWN)
-                self.outages.down(node, self.engine(node).http_url, self.now(), reason)
         if changed:
             log.warning(
                 "engine %d (%s) marked unavailable: %s", node, self.engine(node).http_url, reason
@@ -331,12 +322,8 @@ class SGLangCluster:
             changed = self.fleet.mark_up(node)
             if changed:
                 self.cp.mark_available(node, DOWN)
-                self.outages.up(node, self.now())
         if changed:
             log.info("engine %d (%s) is healthy again", node, self.engine(node).http_url)
-
-    def _check_processes(self) -> None:
-        """Notice engines whose process exited (a launcher knows; here nothing to do)."""
 
     def set_relaunching(self, node: int, relaunching: bool) -> None:
         """The switcher relaunches the engine: health checks skip it, routing too."""
@@ -365,7 +352,6 @@ class SGLangCluster:
         with httpx.Client(timeout=min(2.0, s.health_interval_s * 2)) as client:
             while not self._stop.wait(s.health_interval_s):
                 try:
-                    self._check_processes()
                     self.fleet.check_health(
                         client,
                         self.proxy.headers,

@@ -31,6 +31,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -145,6 +146,7 @@ class LaunchedCluster(SGLangCluster):
         self.source = source
         self.processes: list[EngineProcess] = []
         self._dead: set[int] = set()
+        self._watcher: threading.Thread | None = None
         self.log_dir: Path | None = None
 
     def prepare(self) -> None:
@@ -164,6 +166,11 @@ class LaunchedCluster(SGLangCluster):
         except BaseException:
             self.stop_engines()
             raise
+        if self._watcher is None:
+            self._watcher = threading.Thread(
+                target=self._watch, name="pdlab-engine-watch", daemon=True
+            )
+            self._watcher.start()
 
     def stop(self) -> dict[str, Any] | None:
         try:
@@ -232,25 +239,22 @@ class LaunchedCluster(SGLangCluster):
             p.close_log()
         return [p.proc.returncode for p in procs]
 
-    def _check_processes(self) -> None:
-        """An engine whose process exited is dead: down for good, its KV gone (directory
-        entries dropped, a `cleared` row), the run's end says so (`outages`)."""
-        for p in self.processes:
-            if p.alive() or p.node_id in self._dead:
-                continue
-            self._dead.add(p.node_id)
-            reason = f"its process exited with {p.proc.returncode} (log {p.log_path})"
-            self.mark_down(p.node_id, reason)
-            with self.lock:
-                st = self.engines[p.node_id]
-                st.dead, st.last_error = True, reason
-                st.kv_gpu_used_tokens = st.kv_host_used_tokens = None  # stale from now on
-                st.decode_kv_tokens = st.running = 0
-                dropped = self.cp.drop_node_blocks(p.node_id)
-                self.outages.died(p.node_id, p.url, self.now(), reason)
-            log.error(
-                "engine %d died: %s; %d blocks left the directory", p.node_id, reason, dropped
-            )
+    def _watch(self) -> None:
+        """An engine whose process exited is dead: down for good (no more health checks),
+        its KV gone (directory entries dropped, a `cleared` row), and the run ends
+        `failed` saying so (`outages`)."""
+        while not self._stop.wait(self.settings.health_interval_s):
+            for p in self.processes:
+                if p.alive() or p.node_id in self._dead:
+                    continue
+                self._dead.add(p.node_id)
+                reason = f"its process exited with {p.proc.returncode} (log {p.log_path})"
+                self.mark_down(p.node_id, reason)
+                with self.lock:
+                    self.fleet.mark_dead(p.node_id, reason)
+                    dropped = self.cp.drop_node_blocks(p.node_id)
+                log.error("engine %d died: %s; %d blocks left the directory", p.node_id,
+                          reason, dropped)  # fmt: skip
 
     def health_details(self) -> dict[str, Any]:
         return super().health_details() | {

@@ -2,8 +2,8 @@
 
 An engine is down when its health checks fail (`fleet.EngineFleet.check_health`) or a
 request finds it dead (the proxy); it is dead when its process exited (a launched engine).
-`Outages` keeps one entry per outage — node, when, why, when it came back — for the run's
-summary and `/v1/health`. A dead engine's KV is gone: its blocks leave the directory and the
+`Outages`, kept by the fleet (`EngineFleet.mark_down`, `mark_up`, `mark_dead`), holds one
+entry per outage — node, when, why, when it came back — for the run's summary. A dead engine's KV is gone: its blocks leave the directory and the
 `kv_events` table gets a `cleared` row per tier at the time of death. A run that ends with
 an engine still down, or after one died, is closed as `failed` with the outages as its
 detail (`pdlab_run_status`), its rows kept — never `finished` as if nothing had happened.
@@ -87,3 +87,13 @@ class Outages:
 
     def as_list(self) -> list[dict[str, Any]]:
         return [asdict(o) for o in self.log]
+
+    def end_run(self, sink: LockedSink) -> None:
+        """Close the run: `finished`, or `failed` with the outages when an engine died or
+        is still down (the rows written are kept either way)."""
+        detail = self.end_detail()
+        if detail is None:
+            sink.close()
+            return
+        log.error("run %s ends with engines out of service: %s", sink.run_id, detail)
+        sink.abort(f"engines out of service: {detail}")
