@@ -3,8 +3,9 @@
 An engine is down when its health checks fail (`fleet.EngineFleet.check_health`) or a
 request finds it dead (the proxy); it is dead when its process exited (a launched engine).
 `Outages`, kept by the fleet (`EngineFleet.mark_down`, `mark_up`, `mark_dead`), holds one
-entry per outage — node, when, why, when it came back — for the run's summary. A dead engine's KV is gone: its blocks leave the directory and the
-`kv_events` table gets a `cleared` row per tier at the time of death. A run that ends with
+entry per outage — node, when, why, when it came back — for the run's summary. A dead
+engine's KV is gone: its blocks leave the directory and the `kv_events` table gets a
+`cleared` row per tier at the time of death. A run that ends with
 an engine still down, or after one died, is closed as `failed` with the outages as its
 detail (`pdlab_run_status`), its rows kept — never `finished` as if nothing had happened.
 """
