@@ -328,7 +328,7 @@ async def respond_openai(
 
         def chunk(item: Update) -> list[bytes]:
             nonlocal sent
-            out_ids, fin, cached = item
+            out_ids, fin, cached = item[0], item[1], item[2]
             if _is_abort(fin):
                 assert fin is not None
                 code = fin.get("status_code", 400)
@@ -346,7 +346,7 @@ async def respond_openai(
     answered, last = await until_disconnected(request, _collect(engine, gen))
     if not answered or last is None:
         return Response(status_code=499)
-    out_ids, fin, cached = last
+    out_ids, fin, cached = last[0], last[1], last[2]
     if fin is not None and fin.get("type") == "abort":
         return openai_error(fin["message"], fin.get("status_code", 400))
     doc = {"id": rid, "object": kind, "created": created, "model": model,
