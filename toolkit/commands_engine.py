@@ -7,6 +7,12 @@ metrics (`cluster.engines.torch`); list such engines in a cluster file and `pdla
 exit 0) on SIGTERM, SIGHUP or Ctrl-C — and, with `--parent-pid`, when that process is gone
 (`pdlab serve --engines torch` passes its own pid, so even a `kill -9` of the server leaves
 no engine behind). torch is imported inside the command so `pdlab --help` stays fast.
+
+The mutating routes (/flush_cache, /kv_eviction, /pd_role_switch) need
+`Authorization: Bearer <token>`: `--token` or $PDLAB_ENGINE_TOKEN (what `pdlab serve
+--engines torch` passes its engines), else a generated one, written to a file only the
+user can read (its path printed at start, the file removed at exit). Request bodies are
+at most `--max-body-bytes` (default 16 bytes per token of the model's context + 1 MiB).
 """
 
 from __future__ import annotations
@@ -48,10 +54,21 @@ def engine_command(
     parent_pid: int | None = typer.Option(
         None, "--parent-pid", help="Stop when this process is gone (the launcher's pid)."
     ),
+    token: str | None = typer.Option(
+        None,
+        "--token",
+        envvar="PDLAB_ENGINE_TOKEN",
+        show_envvar=True,
+        help="Bearer token of the mutating routes (default: generated, written to a file).",
+    ),
+    max_body_bytes: int | None = typer.Option(
+        None, "--max-body-bytes", min=1024, help="Largest request body (413 beyond it)."
+    ),
 ) -> None:
     """Serve one torch engine (SGLang's HTTP API, KV events, forward-pass metrics)."""
     import zmq
 
+    from cluster.engines.shell.guard import engine_token, write_token_file
     from cluster.engines.torch.config import EngineConfig, preset
     from cluster.engines.torch.engine import TorchEngine
 
@@ -59,6 +76,7 @@ def engine_command(
         typer.echo(f"error: --role must be null, prefill or decode, got {role!r}", err=True)
         raise typer.Exit(2)
     try:
+        secret, generated = engine_token(token)
         cfg = EngineConfig(
             model=preset(model),
             seed=seed,
@@ -82,6 +100,8 @@ def engine_command(
             forward_metrics_endpoint=forward_metrics_endpoint,
             bootstrap_port=bootstrap_port,
             enable_pd_role_switch=enable_pd_role_switch,
+            token=secret,
+            max_body_bytes=max_body_bytes,
         )
     except (ConfigError, ValueError, RuntimeError) as err:
         typer.echo(f"error: {err}", err=True)
@@ -95,6 +115,21 @@ def engine_command(
         engine.stop()
         typer.echo(f"error: cannot serve on {host}:{port}: {err}", err=True)
         raise typer.Exit(2) from None
+    token_file = None
+    if generated:
+        try:
+            token_file = write_token_file(secret, f"engine-{engine.port}.token")
+        except OSError as err:
+            engine.stop()
+            typer.echo(f"error: cannot write the engine's token file: {err}", err=True)
+            raise typer.Exit(2) from None
+    where = f"generated, in {token_file}" if token_file else "from --token / $PDLAB_ENGINE_TOKEN"
+    typer.echo(
+        f"pdlab engine: /flush_cache, /kv_eviction and /pd_role_switch need "
+        f"'Authorization: Bearer <token>' (token {where}); bodies up to "
+        f"{engine.max_body_bytes} bytes",
+        err=True,
+    )
     print(f"pdlab engine ready: {json.dumps(endpoints._asdict())}", flush=True)
     try:
         while not stop.wait(0.1):
@@ -102,3 +137,5 @@ def engine_command(
                 break  # the launcher is gone (this process was reparented)
     finally:
         engine.stop()
+        if token_file is not None:
+            token_file.unlink(missing_ok=True)

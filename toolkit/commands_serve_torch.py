@@ -11,7 +11,8 @@ becomes ~1.2k tokens, which the tiny-moe engine prefills in about 0.1 s on one c
 the prefix structure — shared system prompts, appends, forks, sub-agents, compaction — is
 kept at a smaller size; tool gaps are multiplied by `time_scale`. Ctrl-C, SIGTERM or
 SIGHUP stop the agents, then the server (the telemetry run is consolidated into `--db`),
-then the engines.
+then the engines. The engines' mutating routes take the server's token (passed in their
+environment, sent with every engine call).
 """
 
 from __future__ import annotations
@@ -78,9 +79,15 @@ def engine_command(opts: TorchClusterOptions) -> tuple[str, ...]:
 
 
 def build_cluster(
-    opts: TorchClusterOptions, db: Path | None, run_id: str | None, log_dir: Path | None = None
+    opts: TorchClusterOptions,
+    db: Path | None,
+    run_id: str | None,
+    log_dir: Path | None = None,
+    token: str | None = None,
 ) -> LaunchedCluster:
-    """The `LaunchedCluster` of `opts` (not started; checks every option first)."""
+    """The `LaunchedCluster` of `opts` (not started; checks every option first). The
+    engines' mutating routes take `token` (the server's own; None: a random one), which
+    the cluster sends with every engine call."""
     from cluster.engines.torch.config import preset
     from cluster.kv.eviction import EVICTION_POLICIES
     from cluster.sglang.live.cluster_file import ClusterSettings
@@ -113,6 +120,7 @@ def build_cluster(
         # One torch thread per engine on a shared CPU: a /health may wait for a long
         # pass; three failed checks in a row (2 s timeouts) before a node counts as down.
         health_failures=3,
+        api_key=token,
     )
     roles = ("prefill",) * split[0] + ("decode",) * split[1]
     launch = EngineLaunch(engine_command(opts), roles, log_dir=log_dir)
@@ -177,7 +185,7 @@ def serve_torch(
     local = f"http://127.0.0.1:{port}" if host in ("0.0.0.0", "::") else url
     server: uvicorn.Server | None = None
     try:
-        cluster = build_cluster(opts, db, run_id)
+        cluster = build_cluster(opts, db, run_id, token=token)
         agents = build_agents(opts, local, lambda: server is not None and server.should_exit)
     except ConfigError as err:
         console.print(f"[red]error:[/] {err}")
@@ -224,6 +232,13 @@ def serve_torch(
             f"run {s['run_id']}: {s['completed']} requests completed, {s['errors']} failed, "
             f"{s['switches']} switches, split {s['final_split']}"
         )
+        for o in s.get("outages", ()):
+            what = "died" if o["died"] else "was down"
+            until = "" if o["t_up"] is None else f" until t={o['t_up']:.1f} s"
+            console.print(
+                f"[yellow]engine {o['node_id']} {what}[/] at t={o['t_down']:.1f} s{until}: "
+                f"{o['reason']}"
+            )
 
 
 def _start_agents(server: Any, agents: AgentLoop) -> None:

@@ -2,9 +2,10 @@
 
 One `CollectorRegistry` per app (no global state, so several servers can live in one
 process, as in tests). The collector reads one consistent snapshot of the cluster under the
-control-plane lock at scrape time: the PD split (paper 000 Fig. 1), per-node queue, running
-requests and KV in GPU and host memory, rolling TTFT / E2E, and counters of completed
-requests and phase switches.
+control-plane lock at scrape time: the PD split (paper 000 Fig. 1), per-node health, queue,
+running requests and KV in GPU and host memory (not for a node whose engine is down: those
+values would be stale), rolling TTFT / E2E, and counters of completed requests and phase
+switches.
 """
 
 from __future__ import annotations
@@ -41,10 +42,20 @@ class LiveCollector(Collector):
             "kv_gpu_used": ("pdlab_node_kv_gpu_used_tokens", "KV tokens held in GPU memory"),
             "kv_host_used": ("pdlab_node_kv_host_used_tokens", "KV tokens held in host memory"),
         }
+        # A node whose engine is down reports no queue or KV: its last values are stale.
+        healthy = {n["id"]: n.get("healthy") is not False for n in snap["nodes"]}
+        up = GaugeMetricFamily(
+            "pdlab_node_healthy", "1 while the node's engine is up, 0 when it is down",
+            labels=["node"],
+        )  # fmt: skip
+        for n in snap["nodes"]:
+            up.add_metric([str(n["id"])], 1.0 if healthy[n["id"]] else 0.0)
+        yield up
         for key, (name, doc) in per_node.items():
             g = GaugeMetricFamily(name, doc, labels=["node"])
             for n in snap["nodes"]:
-                g.add_metric([str(n["id"])], n[key])
+                if healthy[n["id"]]:
+                    g.add_metric([str(n["id"])], n[key])
             yield g
         phases = GaugeMetricFamily(
             "pdlab_node_phase", "1 for the phase a node serves", labels=["node", "phase"]

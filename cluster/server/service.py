@@ -18,6 +18,9 @@ A background failure stops the run: when a thread of the engines fails (`engines
 housekeeping itself raises, the service stops the engines at once (they flush what can be
 stored and close the telemetry run), health reports `finished: true` with the error, every
 mutating call answers 503 naming it, and reads keep answering from the stopped cluster.
+A node whose engine is down (`NodeStatus.extras["healthy"]` false: a live engine that died
+or fails its health checks) makes health `degraded` and lists it in `nodes_down`; switching
+it answers 409.
 """
 
 from __future__ import annotations
@@ -187,15 +190,29 @@ class ControlService:
             e = self.engines
             started = e.control_plane is not None
             error = self._failed()
+            down = self._nodes_down() if started else []
+            status = "degraded" if down else "ok"
             return {
-                "status": "error" if error else ("ok" if started else "starting"),
+                "status": "error" if error else (status if started else "starting"),
                 "error": error,
+                "nodes_down": down,
                 "run_id": e.run_id,
                 "db": str(e.db_path.resolve()) if e.db_path is not None else None,
                 "time": e.now() if started else 0.0,
                 "finished": started and self._finished(),
                 **e.health_details(),
             }
+
+    def _nodes_down(self) -> list[dict[str, Any]]:
+        """Nodes whose engine reports itself unhealthy (a live engine that died or stopped
+        answering its health checks), with the engine's last error."""
+        e = self.engines
+        out = []
+        for n in e.node_ids():
+            extras = e.node_status(n).extras
+            if extras.get("healthy") is False:
+                out.append({"node": n, "error": extras.get("last_error")})
+        return out
 
     def cluster(self) -> dict[str, Any]:
         with self.lock:
@@ -281,6 +298,12 @@ class ControlService:
             if node_id not in nodes:
                 raise NotFoundError(f"unknown node {node_id}; nodes are {clip(str(nodes), 200)}")
             cp = self._check_running(f"switch node {node_id}")
+            extras = self.engines.node_status(node_id).extras
+            if extras.get("healthy") is False:
+                why = clip(str(extras.get("last_error") or "health checks fail"), 300)
+                raise ConflictError(
+                    f"node {node_id}'s engine is down ({why}); a switch needs a running engine"
+                )
             try:
                 sw = cp.request_switch(node_id, phase, self.engines.now(), trigger="manual")
             except SwitchError as err:

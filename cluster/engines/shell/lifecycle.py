@@ -12,17 +12,19 @@ its prefill hands to decode.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, Generic, Literal, NamedTuple, Protocol, TypedDict, TypeVar, Unpack
 
 import httpx
 from fastapi import FastAPI
 
+from cluster.engines.shell import bootstrap as shell_bootstrap
 from cluster.engines.shell.loopback import LoopbackServer
 from cluster.engines.shell.scheduling import Finish, OnUpdate, Role, SchedulerThread, check_role
 from cluster.engines.shell.stamps import EMITTED, Stamps
@@ -56,6 +58,8 @@ class ShellOptions(TypedDict, total=False):
     forward_metrics_endpoint: str | None  # default: the engine's `fpm_default`
     bootstrap_port: int  # 0 picks a free one
     enable_pd_role_switch: bool  # default False
+    token: str | None  # bearer token of the mutating routes (default None: none needed)
+    max_body_bytes: int | None  # default `body_limit(max_model_len)`
 
 
 T = TypeVar("T")
@@ -96,6 +100,8 @@ class EngineShell(Generic[S]):
         )
         self.bootstrap_port = options.get("bootstrap_port", 0)
         self.enable_pd_role_switch = options.get("enable_pd_role_switch", False)
+        self.token = options.get("token")
+        self._max_body_bytes = options.get("max_body_bytes")
         self.transfer_timeout_s = transfer_timeout_s
         self.kv_publisher: ZmqBatchPublisher | None = None
         self.fpm_publisher: ZmqBatchPublisher | None = None
@@ -105,6 +111,9 @@ class EngineShell(Generic[S]):
         self._http: LoopbackServer | None = None
         self._bootstrap: LoopbackServer | None = None
         self._client: httpx.AsyncClient | None = None  # used on the HTTP server's loop only
+        self._loop: asyncio.AbstractEventLoop | None = None  # the HTTP server's
+        self._handoffs: set[asyncio.Future[Any]] = set()  # decode sides waiting for a room
+        self._stopping = False
         self._inflight = 0
         self._inflight_lock = threading.Lock()
         self._started_at = 0.0
@@ -118,6 +127,10 @@ class EngineShell(Generic[S]):
         raise NotImplementedError
 
     def _bootstrap_app(self) -> FastAPI:
+        raise NotImplementedError
+
+    def _registry(self) -> shell_bootstrap.RoomRegistry[Any]:
+        """Where finished prefills wait for their decode side (the bootstrap app's)."""
         raise NotImplementedError
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -156,6 +169,19 @@ class EngineShell(Generic[S]):
         return self.endpoints
 
     def stop(self) -> None:
+        self._stopping = True
+        self._registry().close()  # long polls for rooms answer now
+        if self._loop is not None and not self._loop.is_closed():
+            for wait in list(self._handoffs):
+                with contextlib.suppress(RuntimeError):
+                    self._loop.call_soon_threadsafe(wait.cancel)
+        if self.scheduler is not None and self.scheduler.alive:
+            # Answer what is in flight (an abort, 503) before the HTTP server closes, so no
+            # handler is left for uvicorn to cancel at its graceful-shutdown deadline.
+            self.scheduler.abort_all("the engine is stopping")
+            deadline = time.monotonic() + 2.0
+            while (self._inflight or not self.scheduler.is_idle()) and time.monotonic() < deadline:
+                time.sleep(0.01)
         servers = [s for s in (self._http, self._bootstrap) if s is not None]
         for server in servers:  # both wind down at once
             server.request_stop()
@@ -182,6 +208,15 @@ class EngineShell(Generic[S]):
         if self.scheduler is None:
             raise RuntimeError("the engine has not started")
         return self.scheduler
+
+    @property
+    def max_model_len(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def max_body_bytes(self) -> int:
+        """The largest request body the HTTP server reads (413 beyond it)."""
+        return self._max_body_bytes or body_limit(self.max_model_len)
 
     @property
     def inflight(self) -> int:
@@ -232,12 +267,21 @@ class EngineShell(Generic[S]):
         host = str(body.get("bootstrap_host") or "127.0.0.1")  # SGLang's defaults
         port = int(body.get("bootstrap_port") or 8998)
         room_id = int(body["bootstrap_room"])  # present: checked above
+        wait = asyncio.ensure_future(
+            fetch(self._bootstrap_client(), host, port, room_id, self.transfer_timeout_s)
+        )
+        self._loop = asyncio.get_running_loop()
+        self._handoffs.add(wait)
         try:
-            got = await fetch(
-                self._bootstrap_client(), host, port, room_id, self.transfer_timeout_s
-            )
+            got = await wait
         except (httpx.HTTPError, RuntimeError, TimeoutError, ValueError) as e:
             return None, {"type": "abort", "message": str(e), "status_code": 500}
+        except asyncio.CancelledError:
+            if not (self._stopping and wait.cancelled()):
+                raise  # the client went away
+            return None, {"type": "abort", "message": "the engine is stopping", "status_code": 503}
+        finally:
+            self._handoffs.discard(wait)
         return got, None
 
     def _bootstrap_client(self) -> httpx.AsyncClient:
@@ -246,23 +290,40 @@ class EngineShell(Generic[S]):
             self._client = httpx.AsyncClient()
         return self._client
 
-    @staticmethod
-    async def updates(submit: Callable[[OnUpdate], _Progress]) -> AsyncIterator[Update]:
-        """Submit a request built around an `OnUpdate` and yield its updates on this loop."""
+    async def updates(
+        self, submit: Callable[[OnUpdate], _Progress]
+    ) -> AsyncGenerator[Update, None]:
+        """Submit a request built around an `OnUpdate` and yield its updates on this loop.
+
+        Closed or cancelled before its finish (the client went away), the request is
+        aborted in the scheduler, which frees its KV and its seat (`SchedulerThread.abort`).
+        """
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[list[int], Finish | None, float]] = asyncio.Queue()
 
         def on_update(ids: list[int], fin: Finish | None) -> None:
             # Called on the scheduler thread: hand the update to this request's event loop,
-            # with when the scheduler produced it (the stream-out stage starts there).
-            loop.call_soon_threadsafe(queue.put_nowait, (ids, fin, time.time()))
+            # with when the scheduler produced it (the stream-out stage starts there); the
+            # loop is gone once the HTTP server stopped: nobody waits for the update any more.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(queue.put_nowait, (ids, fin, time.time()))
 
         req = submit(on_update)
-        while True:
-            ids, fin, emitted = await queue.get()
-            yield ids, fin, req.cached_tokens, {**req.stamps, EMITTED: emitted}
-            if fin is not None:
-                return
+        finished = False
+        try:
+            while not finished:
+                ids, fin, emitted = await queue.get()
+                finished = fin is not None
+                yield ids, fin, req.cached_tokens, {**req.stamps, EMITTED: emitted}
+        finally:
+            if not finished:
+                self.sched.abort(req)
+
+
+def body_limit(max_model_len: int) -> int:
+    """Bytes of the largest body a request may need: 16 per token of the context (a token
+    id written as JSON, or an escaped byte of text) plus 1 MiB for everything else."""
+    return 16 * max_model_len + (1 << 20)
 
 
 def _host_port(endpoint: str) -> tuple[str, int]:

@@ -6,7 +6,9 @@ prefix cache's KV events and one ForwardPassMetrics, and while idle a heartbeat 
 second (`Heartbeat`), numbered as SGLang numbers them (`publish_fpm`). A request hears of
 its progress through `OnUpdate` (output ids so far, finish reason or None) on the
 scheduler thread; the finish reason is SGLang's dict ({"type": "length" | "stop" |
-"abort", ...}).
+"abort", ...}). A request whose client went away is aborted (`SchedulerThread.abort`, as
+SGLang's `abort_request`): dropped from the inbox at once, or finished with an abort between
+passes by the engine's `_drop`, which frees its KV pages and its seat in the batch.
 """
 
 from __future__ import annotations
@@ -41,17 +43,26 @@ def abort(message: str, status_code: int) -> Finish:
     return {"type": "abort", "message": message, "status_code": status_code}
 
 
+def client_gone() -> Finish:
+    """The finish of a request whose client disconnected (nobody reads it: 499 as nginx)."""
+    return abort("the client disconnected; the request was aborted", 499)
+
+
 class SchedulerThread(Generic[Q]):
     """The thread a scheduler runs its loop on, and the inbox of requests it takes them from.
 
     Subclasses write `_loop` (run until `_stop` is set, moving `_inbox` into their queues
-    under `_cond`) and keep `waiting` and `running`."""
+    and taking `_take_aborts()` under `_cond`) and `_drop` (end an aborted request and free
+    what it holds), and keep `waiting` and `running`."""
 
     def __init__(self, *, name: str, join_timeout_s: float = 5.0) -> None:
         self.waiting: deque[Q] = deque()
         self.running: list[Q] = []
         self.num_passes = 0
         self._inbox: deque[Q] = deque()
+        self._aborts: list[Q] = []
+        self._abort_message: str | None = None  # set by `abort_all`
+        self.num_aborted = 0
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
@@ -75,6 +86,26 @@ class SchedulerThread(Generic[Q]):
             self._inbox.append(req)
             self._cond.notify_all()
 
+    def abort(self, req: Q) -> None:
+        """`req`'s client went away: drop it from the inbox now, or have the loop finish it
+        with an abort and free its KV between passes (a finished request is left alone).
+        Any thread; returns at once."""
+        with self._cond:
+            for i, queued in enumerate(self._inbox):
+                if queued is req:
+                    del self._inbox[i]
+                    self.num_aborted += 1
+                    return
+            self._aborts.append(req)
+            self._cond.notify_all()
+
+    def abort_all(self, message: str) -> None:
+        """From now on finish every request with an abort (503: the engine is stopping), so
+        their clients get an answer before the HTTP server closes. Any thread."""
+        with self._cond:
+            self._abort_message = message
+            self._cond.notify_all()
+
     def is_idle(self) -> bool:
         with self._cond:
             return not (self._inbox or self.waiting or self.running)
@@ -83,6 +114,26 @@ class SchedulerThread(Generic[Q]):
         """Move new requests to `waiting` (call under `_cond`)."""
         while self._inbox:
             self.waiting.append(self._inbox.popleft())
+
+    def _take_aborts(self) -> list[tuple[Q, Finish]]:
+        """The requests to abort now, with their finish: those whose client left, and after
+        `abort_all` every queued and running one (call under `_cond`, after `_take_inbox`)."""
+        out = [(req, client_gone()) for req in self._aborts]
+        self._aborts = []
+        if self._abort_message is not None:
+            stopping = abort(self._abort_message, 503)
+            out += [(req, stopping) for req in [*self.waiting, *self.running]]
+        return out
+
+    def _dequeue(self, req: Q) -> bool:
+        """Take `req` out of `waiting` or `running`; False when it is in neither (finished)."""
+        for queue in (self.waiting, self.running):
+            for i, queued in enumerate(queue):
+                if queued is req:
+                    del queue[i]
+                    self.num_aborted += 1
+                    return True
+        return False
 
     def _loop(self) -> None:
         raise NotImplementedError

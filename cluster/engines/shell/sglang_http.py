@@ -8,19 +8,37 @@ usage with `prompt_tokens_details.cached_tokens`), SSE framing (`data: ...` even
 with `data: [DONE]`) and error bodies; the engine adds /flush_cache, /pd_role_switch
 (answered with `role_switch_reply` after `role_switch_refusal`) and routes of its own.
 Token ids are the toy byte tokenizer's (`cluster.sglang.wire.toy_tokenizer`).
+
+Bodies are checked at the door (`http_input`): a malformed one gets 400 with a one-line
+message, an oversized one 413 before it is read, a mutation without the engine's token 401
+(`guard`). A client that disconnects aborts its request, streamed or not, queued or
+running: the engine frees its KV and its seat (`EngineShell.updates`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.requests import ClientDisconnect
 
+from cluster.engines.shell.guard import guard_app
+from cluster.engines.shell.http_input import (
+    BadRequest,
+    GenerateInput,
+    chat_ids,
+    encode_text,
+    generate_input,
+    openai_input,
+    read_json,
+    until_disconnected,
+)
 from cluster.engines.shell.lifecycle import Update
 from cluster.engines.shell.stamps import RECEIVED, Stamps
 from cluster.sglang.wire import toy_tokenizer
@@ -48,23 +66,26 @@ class SGLangEngine(Protocol):
 
     def model_info(self) -> dict[str, Any]: ...
 
-    def check_generate(self, body: dict[str, Any]) -> str | None: ...
+    def check_prompt(self, ids: list[int], max_new_tokens: int) -> str | None: ...
 
     def generate(
         self, ids: list[int], sampling: dict[str, Any], rid: str, body: dict[str, Any]
-    ) -> AsyncIterator[Update]: ...
+    ) -> AsyncGenerator[Update, None]: ...
 
 
 def sglang_app(
     engine: SGLangEngine,
     *,
     title: str,
+    token: str | None,
+    max_body_bytes: int,
     completions_max_fields: Sequence[str] = ("max_completion_tokens", "max_tokens"),
 ) -> FastAPI:
-    """The shared routes (module docstring) over `engine`. `completions_max_fields`: the
-    /v1/completions fields that bound the output, first set wins (SGLang's own
+    """The shared routes (module docstring) over `engine`, behind `guard.EngineGuard`
+    (`token` for mutations, bodies of at most `max_body_bytes`). `completions_max_fields`:
+    the /v1/completions fields that bound the output, first set wins (SGLang's own
     CompletionRequest has only max_tokens)."""
-    app = FastAPI(title=title)
+    app = guard_app(FastAPI(title=title), token=token, max_body_bytes=max_body_bytes)
 
     @app.get("/health")
     async def health() -> Response:
@@ -90,24 +111,27 @@ def sglang_app(
     async def model_info() -> dict[str, Any]:
         return engine.model_info()
 
-    async def tokenize(request: Request) -> JSONResponse:
+    async def tokenize(request: Request) -> Response:
         # SGLang's /v1/tokenize (TokenizeRequest -> TokenizeResponse): a prompt string,
         # a list of them, or chat messages rendered with the chat template.
-        body = await request.json()
-        prompt, messages = body.get("prompt"), body.get("messages")
-        if messages is not None:
-            if not isinstance(messages, list) or not messages:
-                return openai_error("messages must be a non-empty list")
-            tokens: Any = toy_tokenizer.encode(toy_tokenizer.chat_template(messages))
-            count: Any = len(tokens)
-        elif isinstance(prompt, str):
-            tokens = toy_tokenizer.encode(prompt)
-            count = len(tokens)
-        elif isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
-            tokens = [toy_tokenizer.encode(p) for p in prompt]
-            count = [len(t) for t in tokens]
-        else:
-            return openai_error(f"Invalid prompt type: {type(prompt)}. Expected str or List[str].")
+        try:
+            body = await read_json(request)
+            prompt, messages = body.get("prompt"), body.get("messages")
+            if messages is not None:
+                tokens: Any = chat_ids(messages)
+                count: Any = len(tokens)
+            elif isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+                tokens = [encode_text(p, "prompt") for p in prompt]
+                count = [len(t) for t in tokens]
+            elif isinstance(prompt, str):
+                tokens = encode_text(prompt, "prompt")
+                count = len(tokens)
+            else:
+                raise BadRequest("prompt must be a non-empty string or a list of them")
+        except BadRequest as e:
+            return openai_error(str(e))
+        except ClientDisconnect:
+            return Response(status_code=499)
         return JSONResponse(
             {"tokens": tokens, "count": count, "max_model_len": engine.max_model_len}
         )
@@ -121,69 +145,49 @@ def sglang_app(
 
     @app.api_route("/generate", methods=["POST", "PUT"])
     async def generate(request: Request) -> Response:
-        body = await request.json()
-        err = engine.check_generate(body)
-        if err is not None:
-            return JSONResponse({"error": {"message": err}}, status_code=400)
-        ids = body["input_ids"] if body.get("input_ids") is not None else None
-        ids = ids if ids is not None else toy_tokenizer.encode(body["text"])
-        rid = str(body.get("rid") or uuid.uuid4().hex)
-        sp = body.get("sampling_params") or {}
-        return await respond_native(engine, ids, sp, rid, body, bool(body.get("stream")))
+        try:
+            body = await read_json(request)
+            req = _checked(engine, generate_input(body))
+        except BadRequest as e:
+            return native_error(str(e))
+        except ClientDisconnect:
+            return Response(status_code=499)
+        return await respond_native(engine, request, req, body)
+
+    async def openai_route(request: Request, chat: bool) -> Response:
+        try:
+            body = await read_json(request)
+            fields = ("max_completion_tokens", "max_tokens") if chat else completions_max_fields
+            req = openai_input(body, chat=chat, max_fields=fields, default_max=128 if chat else 16)
+            req = _checked(engine, req)
+        except BadRequest as e:
+            return openai_error(str(e))
+        except ClientDisconnect:
+            return Response(status_code=499)
+        body["_route"] = "/v1/chat/completions" if chat else "/v1/completions"
+        return await respond_openai(engine, request, req, body, chat=chat)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        body = await request.json()
-        prompt = body.get("prompt")
-        if isinstance(prompt, str):
-            ids = toy_tokenizer.encode(prompt)
-        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-            ids = list(prompt)
-        else:
-            return openai_error("prompt must be a non-empty string or a list of token ids")
-        body["_route"] = "/v1/completions"
-        sp = openai_sampling(body, completions_max_fields, 16)
-        return await respond_openai(engine, ids, sp, body, chat=False)
+        return await openai_route(request, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        body = await request.json()
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            return openai_error("messages must be a non-empty list")
-        ids = toy_tokenizer.encode(toy_tokenizer.chat_template(messages))
-        body["_route"] = "/v1/chat/completions"
-        sp = openai_sampling(body, ("max_completion_tokens", "max_tokens"), 128)
-        return await respond_openai(engine, ids, sp, body, chat=True)
+        return await openai_route(request, chat=True)
 
     return app
 
 
-def check_generate(body: dict[str, Any], engine_name: str) -> str | None:
-    """SGLang's checks of a native /generate body (one prompt per request); None if fine."""
-    text, ids = body.get("text"), body.get("input_ids")
-    if (text is None) == (ids is None):
-        return "Either text or input_ids should be provided."
-    if text is not None and not isinstance(text, str):
-        return f"{engine_name} accepts one prompt per request: text must be a string."
-    if ids is not None and not (
-        isinstance(ids, list) and ids and all(isinstance(t, int) for t in ids)
-    ):
-        return "input_ids must be a non-empty list of token ids (one prompt per request)."
-    sp = body.get("sampling_params") or {}
-    mnt = sp.get("max_new_tokens", 128)
-    if not isinstance(mnt, int) or mnt < 1:
-        return f"sampling_params.max_new_tokens must be an int >= 1, got {mnt!r}"
-    return None
+def _checked(engine: SGLangEngine, req: GenerateInput) -> GenerateInput:
+    problem = engine.check_prompt(req.ids, req.sampling["max_new_tokens"])
+    if problem is not None:
+        raise BadRequest(problem)
+    return req
 
 
-def openai_sampling(
-    body: dict[str, Any], max_fields: Sequence[str], default_max: int
-) -> dict[str, Any]:
-    """An OpenAI request's sampling params in SGLang's native names."""
-    n = next((body[f] for f in max_fields if body.get(f)), default_max)
-    return {"max_new_tokens": int(n), "temperature": float(body.get("temperature") or 0.0),
-            "ignore_eos": bool(body.get("ignore_eos", False))}  # fmt: skip
+def native_error(message: str, status: int = 400) -> JSONResponse:
+    """SGLang's error body of its native routes."""
+    return JSONResponse({"error": {"message": message}}, status_code=status)
 
 
 def openai_error(message: str, status: int = 400) -> JSONResponse:
@@ -224,24 +228,44 @@ def role_switch_reply(
     return JSONResponse(out, status_code=200 if success else 400)
 
 
-async def _collect(engine: SGLangEngine, it: AsyncIterator[Update]) -> Update:
+async def _collect(engine: SGLangEngine, it: AsyncGenerator[Update, None]) -> Update:
     engine.track(+1)
     try:
         last: Update = ([], None, 0, {})
-        async for item in it:
-            last = item
+        async with contextlib.aclosing(it):
+            async for item in it:
+                last = item
         return last
     finally:
         engine.track(-1)
 
 
-async def _tracked(engine: SGLangEngine, it: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    engine.track(+1)
-    try:
-        async for chunk in it:
-            yield chunk
-    finally:
-        engine.track(-1)
+def _stream(
+    engine: SGLangEngine,
+    gen: AsyncGenerator[Update, None],
+    events: Callable[[Update], list[bytes]],
+) -> StreamingResponse:
+    """An SSE answer: `events` of each update, then `data: [DONE]`. A client that goes
+    away cancels it, which closes `gen` (the request is aborted in the engine)."""
+
+    async def body() -> AsyncIterator[bytes]:
+        engine.track(+1)
+        try:
+            async with contextlib.aclosing(gen):
+                async for item in gen:
+                    for ev in events(item):
+                        yield ev
+                    if _is_abort(item[1]):
+                        break
+            yield b"data: [DONE]\n\n"
+        finally:
+            engine.track(-1)
+
+    return StreamingResponse(body(), media_type="text/event-stream")
+
+
+def _is_abort(fin: dict[str, Any] | None) -> bool:
+    return fin is not None and fin.get("type") == "abort"
 
 
 def _sse(doc: Any) -> bytes:
@@ -249,13 +273,13 @@ def _sse(doc: Any) -> bytes:
 
 
 async def respond_native(
-    engine: SGLangEngine, ids: list[int], sp: dict[str, Any], rid: str, body: dict[str, Any],
-    stream: bool,
-) -> Response:  # fmt: skip
+    engine: SGLangEngine, request: Request, req: GenerateInput, body: dict[str, Any]
+) -> Response:
     """SGLang's native /generate answer: one JSON object, or SSE events of the same shape;
     meta_info carries the request's stage stamps (`cluster.engines.shell.stamps`)."""
     t0 = time.monotonic()
     received = time.time()
+    ids, rid = req.ids, req.rid or uuid.uuid4().hex
 
     def out(
         out_ids: list[int], fin: dict[str, Any] | None, cached: int, stamps: Stamps
@@ -266,27 +290,23 @@ async def respond_native(
                 "e2e_latency": time.monotonic() - t0, RECEIVED: received, **stamps}  # fmt: skip
         return {"text": toy_tokenizer.decode(out_ids), "output_ids": out_ids, "meta_info": meta}
 
-    gen = engine.generate(ids, sp, rid, body)
-    if stream:
-
-        async def sse() -> AsyncIterator[bytes]:
-            async for item in gen:
-                yield _sse(out(*item))
-            yield b"data: [DONE]\n\n"
-
-        return StreamingResponse(_tracked(engine, sse()), media_type="text/event-stream")
-    last = await _collect(engine, gen)
+    gen = engine.generate(ids, req.sampling, rid, body)
+    if req.stream:
+        return _stream(engine, gen, lambda item: [_sse(out(*item))])
+    answered, last = await until_disconnected(request, _collect(engine, gen))
+    if not answered or last is None:
+        return Response(status_code=499)  # the client is gone: nobody reads this
     fin = last[1] or {}
     if fin.get("type") == "abort":
-        return JSONResponse({"error": {"message": fin["message"]}}, fin.get("status_code", 400))
+        return native_error(fin["message"], fin.get("status_code", 400))
     return JSONResponse(out(*last))
 
 
 async def respond_openai(
-    engine: SGLangEngine, ids: list[int], sp: dict[str, Any], body: dict[str, Any], chat: bool
+    engine: SGLangEngine, request: Request, req: GenerateInput, body: dict[str, Any], chat: bool
 ) -> Response:
     """/v1/completions and /v1/chat/completions answers (and their SSE chunks)."""
-    rid, created = uuid.uuid4().hex, int(time.time())
+    ids, rid, created = req.ids, uuid.uuid4().hex, int(time.time())
     model = str(body.get("model") or engine.served_model)
     kind = "chat.completion" if chat else "text_completion"
 
@@ -307,29 +327,31 @@ async def respond_openai(
             c["message"] = {"role": "assistant", "content": text}
         return c
 
-    gen = engine.generate(ids, sp, rid, body)
-    if body.get("stream"):
+    gen = engine.generate(ids, req.sampling, rid, body)
+    if req.stream:
+        sent = 0
 
-        async def sse() -> AsyncIterator[bytes]:
-            sent = 0
-            async for out_ids, fin, cached, _stamps in gen:
-                if fin is not None and fin.get("type") == "abort":
-                    code = fin.get("status_code", 400)
-                    err = {"message": fin["message"], "type": "BadRequestError", "code": code}
-                    yield _sse({"error": err})
-                    break
-                text = toy_tokenizer.decode(out_ids[sent:])
-                sent = len(out_ids)
-                chunk = {"id": rid, "object": f"{kind}.chunk" if chat else kind,
-                         "created": created, "model": model,
-                         "choices": [choice(text, fin, True)]}  # fmt: skip
-                if fin is not None:
-                    chunk["usage"] = usage(len(out_ids), cached)
-                yield _sse(chunk)
-            yield b"data: [DONE]\n\n"
+        def chunk(item: Update) -> list[bytes]:
+            nonlocal sent
+            out_ids, fin, cached = item[0], item[1], item[2]
+            if _is_abort(fin):
+                assert fin is not None
+                code = fin.get("status_code", 400)
+                return [_sse({"error": {"message": fin["message"], "type": "BadRequestError",
+                                        "code": code}})]  # fmt: skip
+            text = toy_tokenizer.decode(out_ids[sent:])
+            sent = len(out_ids)
+            doc = {"id": rid, "object": f"{kind}.chunk" if chat else kind, "created": created,
+                   "model": model, "choices": [choice(text, fin, True)]}  # fmt: skip
+            if fin is not None:
+                doc["usage"] = usage(len(out_ids), cached)
+            return [_sse(doc)]
 
-        return StreamingResponse(_tracked(engine, sse()), media_type="text/event-stream")
-    out_ids, fin, cached, _stamps = await _collect(engine, gen)
+        return _stream(engine, gen, chunk)
+    answered, last = await until_disconnected(request, _collect(engine, gen))
+    if not answered or last is None:
+        return Response(status_code=499)
+    out_ids, fin, cached = last[0], last[1], last[2]
     if fin is not None and fin.get("type") == "abort":
         return openai_error(fin["message"], fin.get("status_code", 400))
     doc = {"id": rid, "object": kind, "created": created, "model": model,

@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
 
 from cluster.engines.shell import bootstrap as shell
+from cluster.engines.shell.http_input import until_disconnected
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,19 +41,25 @@ class RoomRegistry(shell.RoomRegistry[RoomResult]):
 TRANSFER_PATH = "/standin/kv_transfer"
 
 
-def bootstrap_app(registry: RoomRegistry, *, page_size: int, http_port: int) -> FastAPI:
+def bootstrap_app(
+    registry: RoomRegistry, *, page_size: int, http_port: int, token: str | None = None
+) -> FastAPI:
     """The prefill stand-in's bootstrap server (SGLang's routes plus the transfer poll)."""
     app = shell.bootstrap_app(
         title="SGLang stand-in bootstrap server",
         page_size=page_size,
         http_port=http_port,
         layout_extra={"enable_dsa_cache_layer_split": False, "enable_kv_cache_sharding": False},
+        token=token,
     )
 
     @app.get(TRANSFER_PATH + "/{room}")
-    def kv_transfer(room: int, timeout_s: float = 30.0) -> Any:
-        # A sync route: FastAPI runs it on a worker thread, so the long poll blocks no loop.
-        result = registry.wait(room, shell.long_poll_s(timeout_s))
+    async def kv_transfer(room: int, request: Request, timeout_s: float = 30.0) -> Any:
+        # Waits on the loop, not a worker thread; stops when the decode side gives up.
+        wait = registry.wait_async(room, shell.long_poll_s(timeout_s))
+        answered, result = await until_disconnected(request, wait)
+        if not answered:
+            return Response(status_code=499)
         if result is None:
             return shell.not_finished(room, timeout_s)
         return {

@@ -12,9 +12,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import PlainTextResponse, Response
+from starlette.requests import ClientDisconnect
 
-from cluster.engines.shell.sglang_http import sglang_app
+from cluster.engines.shell.guard import mutation_route
+from cluster.engines.shell.http_input import BadRequest, read_json
+from cluster.engines.shell.sglang_http import openai_error, sglang_app
 from cluster.engines.standin.role_switch import role_switch
 
 if TYPE_CHECKING:
@@ -24,14 +27,17 @@ if TYPE_CHECKING:
 def standin_app(engine: StandinEngine) -> FastAPI:
     """The stand-in's SGLang HTTP API over `engine` (module docstring lists the routes)."""
     # SGLang's CompletionRequest bounds the output by max_tokens alone.
-    app = sglang_app(engine, title="SGLang stand-in", completions_max_fields=("max_tokens",))
+    app = sglang_app(
+        engine, title="SGLang stand-in", token=engine.token,
+        max_body_bytes=engine.max_body_bytes, completions_max_fields=("max_tokens",),
+    )  # fmt: skip
 
     @app.get("/standin/requests")
     async def standin_requests(limit: int = 1000) -> dict[str, Any]:
         items = list(engine.received)
         return {"requests": items[-limit:] if limit > 0 else []}
 
-    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    @mutation_route(app, "/flush_cache")
     async def flush_cache() -> Response:
         sched = engine.sched
 
@@ -48,9 +54,14 @@ def standin_app(engine: StandinEngine) -> FastAPI:
             )
         return PlainTextResponse("Flush cache failed.\n", status_code=400)
 
-    @app.post("/pd_role_switch")
-    async def pd_role_switch(request: Request) -> JSONResponse:
-        body = await request.json()
+    @mutation_route(app, "/pd_role_switch")
+    async def pd_role_switch(request: Request) -> Response:
+        try:
+            body = await read_json(request)
+        except BadRequest as e:
+            return openai_error(str(e))
+        except ClientDisconnect:
+            return Response(status_code=499)
         return role_switch(engine, body)
 
     return app

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi.responses import JSONResponse
 
+from cluster.engines.shell.http_input import BadRequest, opt_number
 from cluster.engines.shell.sglang_http import role_switch_refusal, role_switch_reply
 
 if TYPE_CHECKING:
@@ -22,7 +23,8 @@ if TYPE_CHECKING:
 def role_switch(engine: StandinEngine, body: dict[str, Any]) -> JSONResponse:
     """SGLang's /pd_role_switch: same preconditions, messages and reply fields."""
     sched = engine.sched
-    new_role = str(body.get("new_role") or "").lower()
+    raw_role = body.get("new_role")
+    new_role = raw_role.lower() if isinstance(raw_role, str) else ""
     old_role = sched.role
 
     def reply(success: bool, message: str, safe: bool = False) -> JSONResponse:
@@ -38,15 +40,16 @@ def role_switch(engine: StandinEngine, body: dict[str, Any]) -> JSONResponse:
         # An instance that never ran decode has no decode CUDA graphs: SGLang needs the
         # graph footprint of a decode peer before capturing them on the flip.
         if new_role == "decode" and not engine.decode_graphs_captured:
-            need = body.get("decode_cuda_graph_memory_gb")
-            if need is None:
+            if body.get("decode_cuda_graph_memory_gb") is None:
                 return "decode_cuda_graph_memory_gb is required before capturing decode graphs"
-            if float(need) < 0:
-                return "decode_cuda_graph_memory_gb must be non-negative"
-            if engine.free_gpu_memory_gb < float(need):
+            try:
+                need = opt_number(body, "decode_cuda_graph_memory_gb", 0.0) or 0.0
+            except BadRequest:
+                return "decode_cuda_graph_memory_gb must be a finite, non-negative number"
+            if engine.free_gpu_memory_gb < need:
                 return (
                     "insufficient decode CUDA graph headroom: "
-                    f"required={float(need):.3f} GB, available={engine.free_gpu_memory_gb:.3f} GB"
+                    f"required={need:.3f} GB, available={engine.free_gpu_memory_gb:.3f} GB"
                 )
         if body.get("prepare_only"):
             return "ready"

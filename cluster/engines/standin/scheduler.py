@@ -129,6 +129,8 @@ class StandinScheduler(SchedulerThread[StandinRequest]):
         while not self._stop.is_set():
             with self._cond:
                 self._take_inbox()
+                for req, finish in self._take_aborts():
+                    self._drop(req, finish)
                 if not self.waiting and not self.running:
                     self._heartbeat.beat()
                     self._cond.wait(0.2)
@@ -290,6 +292,12 @@ class StandinScheduler(SchedulerThread[StandinRequest]):
         self.cache.reserved_pages -= req.reserved_pages
         req.reserved_pages = 0
         req.on_update(list(req.output_ids), finish)
+
+    def _drop(self, req: StandinRequest, finish: Finish) -> None:
+        """An aborted request leaves its queue (under the lock, between passes); its locked
+        pages and reservation go back."""
+        if self._dequeue(req):
+            self._release(req, time.monotonic(), finish)
 
     def _queued_metrics(self) -> QueuedRequestMetrics:
         waiting = [r for r in self.waiting if r.first_token_id is None]

@@ -24,20 +24,22 @@ or `python -m cluster.engines.standin.server --role prefill --port 30000`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import signal
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import replace
 from typing import Any, Unpack
 
 from fastapi import FastAPI
 
+from cluster.engines.shell.guard import TOKEN_ENV
 from cluster.engines.shell.lifecycle import EngineEndpoints, EngineShell, ShellOptions, Update
 from cluster.engines.shell.scheduling import ROLES, OnUpdate, Role
-from cluster.engines.shell.sglang_http import check_generate
 from cluster.engines.shell.stamps import KV_RECEIVED, QUEUED, Stamps, stamp
 from cluster.engines.standin.bootstrap import RoomRegistry, bootstrap_app, wait_for_prefill
 from cluster.engines.standin.http_api import standin_app
@@ -91,8 +93,13 @@ class StandinEngine(EngineShell[StandinScheduler]):
     def _http_app(self) -> FastAPI:
         return standin_app(self)
 
+    def _registry(self) -> RoomRegistry:
+        return self.rooms
+
     def _bootstrap_app(self) -> FastAPI:
-        return bootstrap_app(self.rooms, page_size=self.config.page_size, http_port=self.port)
+        return bootstrap_app(
+            self.rooms, page_size=self.config.page_size, http_port=self.port, token=self.token
+        )
 
     # --- state ------------------------------------------------------------------------------
 
@@ -171,12 +178,15 @@ class StandinEngine(EngineShell[StandinScheduler]):
 
     # --- requests ---------------------------------------------------------------------------
 
-    def check_generate(self, body: dict[str, Any]) -> str | None:
-        return check_generate(body, "The SGLang stand-in")
+    def check_prompt(self, ids: list[int], max_new_tokens: int) -> str | None:
+        """Token ids must fit SGLang's uint32 block hashing (the pool is checked when the
+        scheduler admits the request, as SGLang's does)."""
+        bad = next((t for t in ids if not 0 <= t < 1 << 32), None)
+        return None if bad is None else f"token id {bad} is outside [0, 2**32)"
 
     async def generate(
         self, input_ids: list[int], sampling: dict[str, Any], rid: str, body: dict[str, Any]
-    ) -> AsyncIterator[Update]:
+    ) -> AsyncGenerator[Update, None]:
         """Yield (output ids so far, finish reason or None, cached tokens, stage stamps).
 
         A decode-role engine first fetches the prefill's result for the request's bootstrap
@@ -219,8 +229,9 @@ class StandinEngine(EngineShell[StandinScheduler]):
             self.sched.submit(req)
             return req
 
-        async for update in self.updates(submit):
-            yield update
+        async with contextlib.aclosing(self.updates(submit)) as updates:
+            async for update in updates:
+                yield update
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -235,7 +246,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--time-scale", type=float, default=1.0)
     p.add_argument("--enable-pd-role-switch", action="store_true")
+    p.add_argument(
+        "--token",
+        default=os.environ.get(TOKEN_ENV),
+        help=f"bearer token of the mutating routes (default ${TOKEN_ENV}; none: like SGLang "
+        "without --api-key, mutations need only a JSON body)",
+    )
     a = p.parse_args(argv)
+    if a.token is not None and not a.token.strip():
+        p.error(f"the token is empty: pass --token or set ${TOKEN_ENV}")
     engine = StandinEngine(
         a.role,
         host=a.host,
@@ -246,6 +265,7 @@ def main(argv: list[str] | None = None) -> None:
         forward_metrics_endpoint=a.forward_metrics_endpoint,
         bootstrap_port=a.bootstrap_port,
         enable_pd_role_switch=a.enable_pd_role_switch,
+        token=a.token,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -17,8 +17,9 @@ discovery, proxy and role switcher drive it unchanged.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import replace
 from typing import Any, Unpack
 
@@ -27,7 +28,6 @@ from fastapi import FastAPI
 
 from cluster.engines.shell.lifecycle import EngineEndpoints, EngineShell, ShellOptions, Update
 from cluster.engines.shell.scheduling import OnUpdate, Role
-from cluster.engines.shell.sglang_http import check_generate
 from cluster.engines.shell.stamps import KV_RECEIVED, QUEUED, Stamps, stamp
 from cluster.engines.torch.config import EngineConfig
 from cluster.engines.torch.request import EngineRequest
@@ -73,8 +73,13 @@ class TorchEngine(EngineShell[Scheduler]):
 
         return create_app(self)
 
+    def _registry(self) -> RoomRegistry:
+        return self.rooms
+
     def _bootstrap_app(self) -> FastAPI:
-        return bootstrap_app(self.rooms, page_size=self.config.page_size, http_port=self.port)
+        return bootstrap_app(
+            self.rooms, page_size=self.config.page_size, http_port=self.port, token=self.token
+        )
 
     # ---- state ------------------------------------------------------------------------------
     @property
@@ -184,16 +189,8 @@ class TorchEngine(EngineShell[Scheduler]):
         return out
 
     # ---- generation -------------------------------------------------------------------------
-    def check_generate(self, body: dict[str, Any]) -> str | None:
-        problem = check_generate(body, "The torch engine")
-        if problem is not None:
-            return problem
-        temp = (body.get("sampling_params") or {}).get("temperature", 0.0)
-        if not isinstance(temp, int | float) or temp < 0:
-            return f"sampling_params.temperature must be a number >= 0, got {temp!r}"
-        return None
-
     def check_prompt(self, ids: list[int], max_new: int) -> str | None:
+        """Why the model cannot take `ids` and `max_new` more tokens (None: it can)."""
         m = self.config.model
         bad = next((t for t in ids if not 0 <= t < m.vocab_size), None)
         if bad is not None:
@@ -207,7 +204,7 @@ class TorchEngine(EngineShell[Scheduler]):
 
     async def generate(
         self, ids: list[int], sampling: dict[str, Any], rid: str, body: dict[str, Any]
-    ) -> AsyncIterator[Update]:
+    ) -> AsyncGenerator[Update, None]:
         """Yield (output ids so far, finish reason or None, cached tokens, stage stamps)."""
         max_new = int(sampling.get("max_new_tokens", 128))
         problem = self.check_prompt(ids, max_new)
@@ -239,8 +236,9 @@ class TorchEngine(EngineShell[Scheduler]):
             self.sched.submit(req)
             return req
 
-        async for update in self.updates(submit):
-            yield update
+        async with contextlib.aclosing(self.updates(submit)) as updates:
+            async for update in updates:
+                yield update
 
 
 def _digest(t: torch.Tensor) -> str:

@@ -107,9 +107,15 @@ class PrefixCache:
     def cached_gpu_blocks(self) -> int:
         return sum(1 for b in self.blocks.values() if b.page is not None)
 
-    def set_policy(self, name: str, counts: Mapping[BlockHash, int] | None = None) -> None:
-        """Choose the eviction order (raises ConfigError naming the policies on a miss)."""
+    def set_policy(
+        self, name: str, counts: Mapping[BlockHash, int] | None = None, replace: bool = False
+    ) -> None:
+        """Choose the eviction order (raises ConfigError naming the policies on a miss);
+        `counts` merge into the branch counts held (a count <= 0 forgets its block), or
+        replace them all with `replace`."""
         self.policy = EVICTION_POLICIES.create(name)
+        if replace:
+            self.counts = {}
         if counts is not None:
             for h, c in counts.items():
                 if c > 0:

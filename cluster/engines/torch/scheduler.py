@@ -111,15 +111,18 @@ class Scheduler(SchedulerThread[EngineRequest]):
         while not self._stop.is_set():
             with self._cond:
                 self._take_inbox()
+                aborts = self._take_aborts()
                 calls = list(self._calls)
                 self._calls.clear()
-                if not calls and not self.waiting and not self.running:
+                if not calls and not aborts and not self.waiting and not self.running:
                     self._heartbeat.beat()
                     self._cond.wait(0.2)
                     self._busy_since = None
                     continue
             if self._busy_since is None:
                 self._busy_since = time.perf_counter()
+            for req, finish in aborts:
+                self._drop(req, finish)
             for fn, fut in calls:
                 try:
                     fut.set_result(fn())
@@ -351,6 +354,11 @@ class Scheduler(SchedulerThread[EngineRequest]):
             req.reserved_pages = 0
             req.admitted = False
         req.on_update(list(req.output_ids), finish)
+
+    def _drop(self, req: EngineRequest, finish: Finish) -> None:
+        """An aborted request leaves its queue; its pages and reservation go back."""
+        if self._dequeue(req):
+            self._finish(req, finish, time.monotonic())
 
     def _fail_all(self, message: str) -> None:
         """Abort every request after a failed pass; their pages go back where possible."""

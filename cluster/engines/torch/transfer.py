@@ -13,7 +13,8 @@ GET /pdlab/kv_transfer/{room}, whose body is the room's KV bytes in place of SGL
 meta = {bootstrap_room, prompt_tokens, first_token_id, cached_tokens, dtype, shape}, shape
 [layers, 2, pages, page_size, kv_heads, head_dim]. The bytes are the pool's own, so the
 decode engine's pages equal the prefill's byte for byte. A room is handed out once; rooms
-nobody fetches are forgotten oldest first past `max_bytes`.
+nobody fetches (their client went away) are forgotten oldest first past `max_bytes`, or
+`ROOM_MAX_AGE_S` after they finished.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ from dataclasses import dataclass
 
 import httpx
 import torch
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from cluster.engines.shell import bootstrap as shell
+from cluster.engines.shell.http_input import until_disconnected
 from cluster.engines.torch.request import TransferredKV
 
 _DTYPES = {str(d).removeprefix("torch."): d for d in (torch.float32, torch.bfloat16, torch.float16)}
@@ -71,26 +73,39 @@ def decode_room(payload: bytes) -> Room:
     )
 
 
-class RoomRegistry(shell.RoomRegistry[Room]):
-    """Finished prefills by bootstrap room, until fetched (bounded by bytes)."""
+ROOM_MAX_AGE_S = 300.0  # SGLang's SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT default
 
-    def __init__(self, max_bytes: int = 1 << 30) -> None:
-        super().__init__(max_bytes=max_bytes, nbytes=lambda room: room.kv.nbytes)
+
+class RoomRegistry(shell.RoomRegistry[Room]):
+    """Finished prefills by bootstrap room, until fetched (bounded by bytes, and by age: a
+    room nobody fetched within `max_age_s` is forgotten, its KV copy freed)."""
+
+    def __init__(self, max_bytes: int = 1 << 30, max_age_s: float = ROOM_MAX_AGE_S) -> None:
+        super().__init__(
+            max_bytes=max_bytes, nbytes=lambda room: room.kv.nbytes, max_age_s=max_age_s
+        )
 
 
 TRANSFER_PATH = "/pdlab/kv_transfer"
 
 
-def bootstrap_app(registry: RoomRegistry, *, page_size: int, http_port: int) -> FastAPI:
+def bootstrap_app(
+    registry: RoomRegistry, *, page_size: int, http_port: int, token: str | None = None
+) -> FastAPI:
     """The prefill engine's bootstrap server (SGLang's routes plus the KV transfer)."""
     app = shell.bootstrap_app(
-        title="pdlab torch engine bootstrap server", page_size=page_size, http_port=http_port
-    )
+        title="pdlab torch engine bootstrap server", page_size=page_size, http_port=http_port,
+        token=token,
+    )  # fmt: skip
 
     @app.get(TRANSFER_PATH + "/{room}")
-    def kv_transfer(room: int, timeout_s: float = 30.0) -> Response:
-        # A sync route: FastAPI runs it on a worker thread, so the long poll blocks no loop.
-        found = registry.take(room, shell.long_poll_s(timeout_s))
+    async def kv_transfer(room: int, request: Request, timeout_s: float = 30.0) -> Response:
+        # Waits on the loop, not a worker thread; a decode side that gives up (its client
+        # went away) stops the wait, and the room stays for nobody (forgotten by bytes).
+        wait = registry.take_async(room, shell.long_poll_s(timeout_s))
+        answered, found = await until_disconnected(request, wait)
+        if not answered:
+            return Response(status_code=499)
         if found is None:
             return shell.not_finished(room, timeout_s)
         return Response(found.encode(), media_type="application/octet-stream")

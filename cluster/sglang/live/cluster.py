@@ -236,8 +236,8 @@ class SGLangCluster:
         self.fleet.close()
         with self.lock:
             self.summary = self._summary()
-        if self.sink is not None:
-            self.sink.close()
+        if self.sink is not None:  # closed, or failed when an engine died or is down
+            self.fleet.outages.end_run(self.sink)
         return self.summary
 
     def _summary(self) -> dict[str, Any]:
@@ -252,6 +252,7 @@ class SGLangCluster:
             "switches": self.cp.num_switches,
             "final_split": "{}P{}D".format(*self.cp.split()),
             "telemetry_rejected": 0 if self.sink is None else self.sink.errors,
+            "outages": self.fleet.outages.as_list(),
             "streams": {
                 n: {
                     "kv": None if st.kv is None else st.kv.stats.as_dict(),

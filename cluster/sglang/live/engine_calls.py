@@ -94,6 +94,7 @@ class EngineCalls:
         p_task = asyncio.create_task(self._prefill_call(rec, plan.prefill, sent, on_prefill_done))
         d_task = asyncio.create_task(self._decode_open(rec, plan.decode, sent))
         waiting: set[asyncio.Task[Any]] = {p_task, d_task}
+        handed = False
         try:
             while True:
                 done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
@@ -103,6 +104,7 @@ class EngineCalls:
                     exc = d_task.exception()
                     if exc is None:
                         resp, head, chunks = d_task.result()
+                        handed = True
                         return Committed(resp, head, chunks, p_task)
                     if isinstance(exc, EngineFailure) and exc.retryable and not p_task.done():
                         # A decode 5xx may be the prefill's death seen through the bootstrap.
@@ -112,13 +114,14 @@ class EngineCalls:
                     return self.failure(exc, plan.decode)
                 waiting = {d_task}
         finally:
-            committed = d_task.done() and not d_task.cancelled() and d_task.exception() is None
-            if not committed:
-                # The client gets nothing from this attempt: closing both connections makes
-                # SGLang abort whatever the engines still hold for it.
+            if not handed:
+                # The client gets nothing from this attempt (it failed, or the client went
+                # away): closing both connections makes the engines abort what they hold.
                 d_task.cancel()
                 p_task.cancel()
                 await asyncio.gather(d_task, p_task, return_exceptions=True)
+                if not d_task.cancelled() and d_task.exception() is None:
+                    await d_task.result()[0].aclose()  # opened just before the cancel
 
     @staticmethod
     def failure(exc: BaseException | None, spec: EngineSpec) -> EngineFailure:

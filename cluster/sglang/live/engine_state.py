@@ -58,6 +58,7 @@ class EngineState:
     restarts_seen: int = 0
     last_switch: SwitchRecord | None = None
     relaunching: bool = False
+    dead: bool = False  # its process exited (a launched engine): no more health checks
     fit: dict[str, Any] | None = None  # the last online refit (phases, samples, MAPE)
     # What the engine itself reports in /server_info (`kv_sync.KVSync`; None: not reported).
     kv_gpu_used_tokens: int | None = None

@@ -20,6 +20,7 @@ from cluster.control.lock import ContendedRLock
 from cluster.core import KVEvent
 from cluster.sglang.live.cluster_file import EngineSpec
 from cluster.sglang.live.engine_state import EngineState, RestartAwareKVCollector
+from cluster.sglang.live.outages import Outages
 from cluster.sglang.live.telemetry_run import LockedSink
 from cluster.sglang.wire.fpm import DecodeRow, ForwardPassMetrics, PrefillRow
 from cluster.sglang.wire.fpm_collector import ForwardMetricsCollector
@@ -47,6 +48,7 @@ class EngineFleet:
         on_pass: OnPass,
     ) -> None:
         self.states = {e.node_id: EngineState(e) for e in specs}
+        self.outages = Outages(sink)  # engines out of service, for the run's end
         self.lock = lock
         self.clock = clock
         self.sink = sink
@@ -184,7 +186,7 @@ class EngineFleet:
         """GET /health of every engine not relaunching, outside the lock; an engine is
         failing once `failures_to_down` checks in a row failed."""
         for n, st in list(self.states.items()):
-            if st.relaunching:
+            if st.relaunching or st.dead:
                 continue
             try:
                 r = client.get(f"{st.spec.http_url}/health", headers=headers)
@@ -202,22 +204,33 @@ class EngineFleet:
                 on_failing(n, why)
 
     def mark_down(self, node: int, reason: str) -> bool:
-        """Record `reason`; True when the engine was up until now."""
+        """Record `reason`; True when the engine was up until now (an outage begins)."""
         st = self.states[node]
         st.last_error = reason
         if not st.up:
             return False
         st.up = False
+        self.outages.down(node, st.spec.http_url, self.clock(), reason)
         return True
 
     def mark_up(self, node: int) -> bool:
-        """A healthy check; True when the engine was down until now."""
+        """A healthy check; True when the engine was down until now (its outage ends)."""
         st = self.states[node]
         st.failures = 0
         if st.up:
             return False
         st.up = True
+        self.outages.up(node, self.clock())
         return True
+
+    def mark_dead(self, node: int, reason: str) -> None:
+        """`node`'s process exited (after `mark_down`): no more health checks, its counts
+        zero, its KV gone (a `cleared` row per tier)."""
+        st = self.states[node]
+        st.dead, st.last_error = True, reason
+        st.kv_gpu_used_tokens = st.kv_host_used_tokens = None  # stale from now on
+        st.decode_kv_tokens = st.running = 0
+        self.outages.died(node, st.spec.http_url, self.clock(), reason)
 
     def status_extras(self, node: int) -> dict[str, Any]:
         """The engine-specific fields of the node's status (GET /v1/cluster)."""

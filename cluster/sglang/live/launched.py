@@ -8,6 +8,11 @@ waits until every engine answers `/health`, and builds the cluster from
 `stop()` stops the cluster, then the processes. `pdlab serve --engines torch` launches
 `pdlab engine` processes this way; any engine speaking the SGLang subset of §6 would do.
 
+The engines share one bearer token for their mutating routes (/pd_role_switch,
+/kv_eviction, /flush_cache): the cluster settings' `api_key` when set, else a new random
+one. Each engine gets it in its environment ($PDLAB_ENGINE_TOKEN, never on a command line
+that `ps` shows) and the cluster sends it with every engine call.
+
 Every engine runs in a session (process group) of its own, so a terminal's Ctrl-C reaches
 only the process that launched it, which stops the cluster first (collectors, switches,
 the telemetry run) and the engines after: SIGTERM to each engine's process group, SIGKILL
@@ -18,12 +23,15 @@ started and raises `ConfigError` with the failing engine's log tail.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -38,6 +46,7 @@ from cluster.sglang.live.cluster_file import ClusterConfig, ClusterSettings, Eng
 
 log = logging.getLogger(__name__)
 PLACEHOLDERS = ("{node_id}", "{role}", "{host}", "{port}")
+TOKEN_ENV = "PDLAB_ENGINE_TOKEN"  # what `pdlab engine` and the stand-in read their token from
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,10 +138,15 @@ class LaunchedCluster(SGLangCluster):
         run_id: str | None = None,
         source: str = "sglang",
     ) -> None:
+        token = settings.api_key or secrets.token_urlsafe(18)
+        settings = dataclasses.replace(settings, api_key=token)
         super().__init__(ClusterConfig((), settings, source="launched"), db_path, run_id)
-        self.launch = launch
+        env = dict(os.environ if launch.env is None else launch.env) | {TOKEN_ENV: token}
+        self.launch = dataclasses.replace(launch, env=env)
         self.source = source
         self.processes: list[EngineProcess] = []
+        self._dead: set[int] = set()
+        self._watcher: threading.Thread | None = None
         self.log_dir: Path | None = None
 
     def prepare(self) -> None:
@@ -152,6 +166,11 @@ class LaunchedCluster(SGLangCluster):
         except BaseException:
             self.stop_engines()
             raise
+        if self._watcher is None:
+            self._watcher = threading.Thread(
+                target=self._watch, name="pdlab-engine-watch", daemon=True
+            )
+            self._watcher.start()
 
     def stop(self) -> dict[str, Any] | None:
         try:
@@ -219,6 +238,23 @@ class LaunchedCluster(SGLangCluster):
             p.proc.wait()
             p.close_log()
         return [p.proc.returncode for p in procs]
+
+    def _watch(self) -> None:
+        """An engine whose process exited is dead: down for good (no more health checks),
+        its KV gone (directory entries dropped, a `cleared` row), and the run ends
+        `failed` saying so (`outages`)."""
+        while not self._stop.wait(self.settings.health_interval_s):
+            for p in self.processes:
+                if p.alive() or p.node_id in self._dead:
+                    continue
+                self._dead.add(p.node_id)
+                reason = f"its process exited with {p.proc.returncode} (log {p.log_path})"
+                self.mark_down(p.node_id, reason)
+                with self.lock:
+                    self.fleet.mark_dead(p.node_id, reason)
+                    dropped = self.cp.drop_node_blocks(p.node_id)
+                log.error("engine %d died: %s; %d blocks left the directory", p.node_id,
+                          reason, dropped)  # fmt: skip
 
     def health_details(self) -> dict[str, Any]:
         return super().health_details() | {

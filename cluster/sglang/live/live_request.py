@@ -86,6 +86,7 @@ class LiveRequest:
     prefill_stamps: dict[str, float] = field(default_factory=dict)
     decode_stamps: dict[str, float] = field(default_factory=dict)
     last_emit_ts: float | None = None
+    recorded: bool = False  # its end was accounted for and its row written
 
     def route_request(self, now: float) -> RouteRequest:
         return RouteRequest(

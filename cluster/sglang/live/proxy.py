@@ -17,7 +17,9 @@ An HTTP proxy in front of SGLang prefill and decode servers for /generate,
    response, streamed through (SSE) unchanged;
 5. retries on another engine when an engine fails before the first token reaches the
    client (connection refused or reset: the node is also marked down; a 5xx answer); after
-   that point a failure ends the stream with an SSE error event naming the engine;
+   that point a failure ends the stream with an SSE error event naming the engine; a client
+   that goes away, before its answer or mid-stream, closes both engine connections, so the
+   engines abort the request and free its KV (SGLang aborts a disconnected request);
 6. reports progress to the control plane: prefill done (`on_prefill_done`), KV arrived at
    decode (`on_transfer_done`, at the first decode token), request done (`on_request_done`
    with t_c from the engine's cached_tokens), one `requests` row per request.
@@ -37,10 +39,11 @@ import json
 import logging
 import random
 import uuid
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import AsyncIterator, Awaitable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
+import anyio
 import httpx
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -72,6 +75,7 @@ if TYPE_CHECKING:
     from cluster.control.control_plane import ControlPlane
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class ProxyHost(Protocol):
@@ -189,6 +193,18 @@ class PDProxy:
                 kv_tokens=t_in + max_new_tokens(route, body),
             )
             self.num_requests += 1
+        answered, response = await _until_disconnected(request, self._attempts(rec, branch, body))
+        if answered and response is not None:
+            return response
+        # The client went away before its answer: the attempt in flight was cancelled,
+        # which closed both engine connections, so the engines abort the request and free
+        # its KV and seat, as SGLang's do (and its routers, on a client disconnect).
+        self._finish(rec, ok=False, error="the client disconnected before its answer")
+        return Response(status_code=499)
+
+    async def _attempts(self, rec: LiveRequest, branch: Branch, body: dict[str, Any]) -> Response:
+        """Place and send `rec` until an engine answers or the retries run out."""
+        host, rid = self.host, rec.request_id
         failure: EngineFailure | None = None
         for attempt in range(host.settings.max_retries + 1):
             try:
@@ -304,8 +320,12 @@ class PDProxy:
             except ValueError:  # not JSON: passed through as is, output length unknown
                 answer = None
             rec.t_out = output_tokens(answer, 0)
-            await c.response.aclose()
-            await self._settle_prefill(rec, c.prefill)
+            try:
+                await c.response.aclose()
+                await self._settle_prefill(rec, c.prefill)
+            except BaseException:  # the client went away meanwhile
+                c.prefill.cancel()
+                raise
             self._finish(rec, ok=True)
             media = c.response.headers.get("content-type", "application/json")
             return Response(c.head, status_code=200, media_type=media, headers=headers)
@@ -346,8 +366,12 @@ class PDProxy:
         finally:
             if not ok and error is None:
                 error = "the client disconnected mid-stream"
-            await c.response.aclose()
-            await self._settle_prefill(rec, c.prefill)
+            # Starlette cancels a stream whose client left, and keeps cancelling every await
+            # of its scope: shielded, the decode connection closes (the engine aborts the
+            # request), the prefill settles and the request is recorded.
+            with anyio.CancelScope(shield=True):
+                await c.response.aclose()
+                await self._settle_prefill(rec, c.prefill)
             self._finish(rec, ok=ok, error=error)
 
     async def _settle_prefill(self, rec: LiveRequest, task: asyncio.Task[Any]) -> None:
@@ -361,6 +385,9 @@ class PDProxy:
     def _finish(self, rec: LiveRequest, *, ok: bool, error: str | None = None) -> None:
         host, cp = self.host, self.host.cp
         with cp.lock:
+            if rec.recorded:  # once per request, however it ended
+                return
+            rec.recorded = True
             now = host.now()
             p, d = rec.prefill_node, rec.decode_node
             self.inflight.drop(rec)
@@ -391,3 +418,24 @@ class PDProxy:
                 cp.on_branch_finish(rec.branch_id, now)
                 self.paths.forget(rec.branch_id)
             host.record_request(rec)
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _until_disconnected(request: Request, work: Awaitable[T]) -> tuple[bool, T | None]:
+    """(True, `work`'s result), or (False, None) when the client disconnected first (then
+    `work` is cancelled)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (task, gone):
+            t.cancel()
+        await asyncio.gather(task, gone, return_exceptions=True)
+    if task.cancelled():
+        return False, None
+    return True, task.result()

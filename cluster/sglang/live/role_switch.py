@@ -19,9 +19,9 @@ proxy routes nothing new to it. `RoleSwitcher` then, on a thread of its own:
    again.
 
 Where role switch is unavailable (the flag is not set, or an SGLang without the route), a
-user-provided relaunch command (the cluster file's `relaunch_command`, with {role},
-{node_id}, {http_url}, {host}, {port} filled in) restarts the engine in the new role; the
-switcher waits until /server_info shows it, resubscribes the collectors and completes the
+user-provided relaunch command (the cluster file's `relaunch_command`: a shell command whose
+{role}, {node_id}, {http_url}, {host} and {port} are filled in shell-quoted, so write them
+unquoted) restarts the engine in the new role; the switcher waits until /server_info shows it, resubscribes the collectors and completes the
 switch in "relaunch" mode (the node's directory entries are dropped). Each switch leaves a
 `SwitchRecord` with its duration and the KV it lost. A switch that cannot be done is given
 up with a clear message and the node serves its old phase again.
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import subprocess
 import tempfile
 import threading
@@ -286,13 +287,7 @@ class RoleSwitcher:
             "host": url.hostname or "",
             "port": url.port or "",
         }
-        try:
-            cmd = template.format(**fields)
-        except (KeyError, IndexError, ValueError) as e:
-            raise SwitchFailed(
-                f"relaunch_command {template!r} is invalid ({e}); placeholders: "
-                + ", ".join("{" + k + "}" for k in fields)
-            ) from None
+        cmd = relaunch_command(template, fields)
         c.set_relaunching(node, True)
         logf = tempfile.NamedTemporaryFile(  # noqa: SIM115 - kept for the child's lifetime
             prefix=f"pdlab-relaunch-{node}-", suffix=".log", delete=False
@@ -327,6 +322,19 @@ class RoleSwitcher:
         )
 
 
+def relaunch_command(template: str, fields: dict[str, Any]) -> str:
+    """The shell command of `template` with `fields` filled in, each shell-quoted (a URL or
+    host from a cluster file never reaches the shell as code). Raises SwitchFailed naming
+    the placeholders when the template is malformed."""
+    try:
+        return template.format(**{k: shlex.quote(str(v)) for k, v in fields.items()})
+    except (KeyError, IndexError, ValueError) as e:
+        raise SwitchFailed(
+            f"relaunch_command {template!r} is invalid ({e}); placeholders: "
+            + ", ".join("{" + k + "}" for k in fields)
+        ) from None
+
+
 def _json(r: httpx.Response) -> dict[str, Any]:
     try:
         out = r.json()
@@ -344,4 +352,4 @@ def _tail(path: str, n: int = 400) -> str:
         return "(no output)"
 
 
-__all__ = ["RoleSwitcher", "SwitchFailed", "SwitchRecord"]
+__all__ = ["RoleSwitcher", "SwitchFailed", "SwitchRecord", "relaunch_command"]

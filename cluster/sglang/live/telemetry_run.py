@@ -55,6 +55,11 @@ class LockedSink:
         with self.lock:
             self.writer.close()
 
+    def abort(self, reason: str) -> None:
+        """End the run as failed with `reason` (the rows written so far are kept)."""
+        with self.lock:
+            self.writer.abort(reason)
+
 
 def open_run(
     db_path: Path,

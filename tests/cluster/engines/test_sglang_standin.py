@@ -279,7 +279,7 @@ def test_eviction_publishes_block_removed_and_flush_clears() -> None:
             timeout=10,
             json={"text": "z" * 400, "sampling_params": {"max_new_tokens": 2}},
         )
-        assert httpx.post(f"{url}/flush_cache").status_code == 200
+        assert httpx.post(f"{url}/flush_cache", json={}).status_code == 200
         assert _wait(lambda: got and got[-1].kind is KVEventKind.CLEARED)
         col.stop()
         engine.scheduler.cache.check_invariants()  # type: ignore[union-attr]

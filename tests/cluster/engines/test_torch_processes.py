@@ -10,6 +10,7 @@ exit status 0.
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import subprocess
@@ -30,6 +31,8 @@ from cluster.sglang.wire.fpm import decode_fpm
 
 ROOT = Path(__file__).resolve().parents[3]
 ARGS = ["--kv-gpu-tokens", "4096", "--kv-host-tokens", "8192", "--seed", "3"]
+TOKEN = "engine-test-token"  # passed as pdlab serve passes it: in the environment
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 class EngineProcess:
@@ -38,8 +41,9 @@ class EngineProcess:
     def __init__(self, role: str) -> None:
         cmd = [sys.executable, "-m", "toolkit.cli", "engine", "--role", role, "--port", "0",
                "--bootstrap-port", "0", "--enable-pd-role-switch", *ARGS]  # fmt: skip
+        env = {**os.environ, "PDLAB_ENGINE_TOKEN": TOKEN}
         self.proc = subprocess.Popen(
-            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
         )
         self.ep: dict[str, Any] = {}
         self._ready = threading.Event()
@@ -99,6 +103,10 @@ def _digests(engine: EngineProcess, ids: list[int]) -> list[dict[str, Any]]:
 
 def _switch(engine: EngineProcess, role: str) -> dict[str, Any]:
     r = httpx.post(f"{engine.url}/pd_role_switch", json={"new_role": role}, timeout=30)
+    assert r.status_code == 401, r.text  # a mutation needs the engine's token
+    r = httpx.post(
+        f"{engine.url}/pd_role_switch", json={"new_role": role}, headers=AUTH, timeout=30
+    )
     assert r.status_code == 200, r.text
     return dict(r.json())
 

@@ -58,7 +58,7 @@ def test_sglang_decoders_read_the_engine_streams(sglang_modules) -> None:  # typ
         for text in (prompt, "y" * 90, prompt + "z"):  # the second evicts; the third restores
             body = {"text": text, "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}}
             assert httpx.post(f"{ep.http_url}/generate", json=body, timeout=30).status_code == 200
-        assert httpx.post(f"{ep.http_url}/flush_cache", timeout=10).status_code == 200
+        assert httpx.post(f"{ep.http_url}/flush_cache", json={}, timeout=10).status_code == 200
         kv_payloads, fpm_payloads = _drain(subs[0]), _drain(subs[1], 300)
         for s in subs:
             s.close(linger=0)

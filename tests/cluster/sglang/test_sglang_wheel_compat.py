@@ -254,7 +254,7 @@ def test_sglang_decoders_accept_the_standin_streams(sglang_modules) -> None:  # 
             json={"text": "x" * 100, "sampling_params": {"max_new_tokens": 3}},
             timeout=10,
         )
-        httpx.post(f"{ep.http_url}/flush_cache", timeout=10)
+        httpx.post(f"{ep.http_url}/flush_cache", json={}, timeout=10)
         kv_dec = msgspec.msgpack.Decoder(kv.KVEventBatch)
         kinds = []
         while subs[0].poll(500):
