@@ -29,11 +29,12 @@ decodes (sequences that reach lm_head):
   split, no mixed calls) price a call as vLLM runs it (cluster.hardware.attention_kernel):
   its prefill chunks from the prefill rows (held to their KV bytes); its decodes packed and
   split (a pure-decode call on FlashAttention 2 without a sliding window, or FlashAttention
-  3) at the launch cost of that many decodes (the row with the least KV) or their KV read
-  once over the bandwidth, whichever is longer; unpacked (a mixed call, or a sliding-window
-  model, on FlashAttention 2) at the table's time of that many decodes over their total KV
-  or their KV read `group` times over the bandwidth, whichever is longer; a mixed call is
-  the two less one launch floor.
+  3) at the table's time of that many decodes of one key each (their launch cost) or their
+  KV read once over the bandwidth, whichever is longer; unpacked (a mixed call, or a
+  sliding-window model, on FlashAttention 2) at the table's time of that many decodes over
+  their total KV (inside the KV it measured, not extrapolated) or their KV read `group`
+  times over the bandwidth, whichever is longer; a mixed call is the two less one launch
+  floor. Without a bandwidth the decodes are the table's time over their total KV.
 - communication (no profile measures it): per TP all-reduce of N*hidden*dtype bytes, two
   per layer (after o_proj and the MLP/MoE) and one for the vocab-parallel embedding,
   latency + 2(t-1)/t * bytes / bandwidth; under EP per MoE layer a dispatch (all-gather of
