@@ -138,7 +138,7 @@ def _throughput_rows(
             {p: span_ticks(v) / k_real - 1.0 for p, v in peers.items()},
         ))  # fmt: skip
     rows.append(make_row(
-        run, "throughput_tick_mape", float(np.mean(real[real > 0])), float(np.mean(twin[real[: len(twin)] > 0])),
+        run, "throughput_tick_mape", float(np.mean(real[real > 0])), float(np.mean(twin[: len(real)][real[: len(twin)] > 0])),
         tick_mape(real, twin), block_interval(tick_mape, real, twin, **kw),
         {p: tick_mape(real, v) for p, v in peers.items()}, "fraction",
     ))  # fmt: skip

@@ -7,10 +7,17 @@ The layout of LLMServingSim's ispass26 artifact (`llm_profile/perf_models/<GPU>/
   o_proj, post_layernorm, gate_proj, up_proj, act_fn, down_proj, final_layernorm, lm_head);
   an MoE model has `gate` (the router) and one expert's `expert.w1/w2/w3` by the tokens
   routed to that expert instead of the dense MLP;
-- attention.csv: one attention call per row, `time_stats.attn_prefill.mean` (ms) of a
-  prefill chunk of `prefill_chunk_size` tokens whose context is then `kv_cache_size`
-  tokens (the chunk included), or `time_stats.attn_decode.mean` (ms) of `batch_size`
-  decodes over `kv_cache_size` tokens each (`is_prefill`).
+- attention.csv: one `flash_attn_varlen_func` call per row (the FlashAttention 2 package,
+  KV contiguous, not paged), `time_stats.attn_prefill.mean` (ms) of a prefill chunk of
+  `prefill_chunk_size` tokens whose context is then `kv_cache_size` tokens (the chunk
+  included), or `time_stats.attn_decode.mean` (ms) of `batch_size` decodes sharing
+  `kv_cache_size` tokens of KV between them: the profiler
+  (`llm_profile/profiler/attention/attention_profiler.py`, `_build_varlen_qkv`) gives each
+  decode `kv_cache_size // batch_size` keys, so a decode row's KV axis is the batch's total
+  (its 128 decodes "of 2,560 tokens" are 128 decodes of 20 tokens). The kernel is not
+  vLLM's decode kernel (no paging, no KV split): the pricer uses these rows as launch costs
+  and lower bounds next to the KV read at the memory bandwidth
+  (cluster.hardware.attention_kernel, cluster.hardware.pricer).
 
 They become the same `OperatorTables` as the dense.csv layout, so the pricer and the fits
 (cluster.hardware.operator_profile) are shared:
@@ -18,9 +25,9 @@ They become the same `OperatorTables` as the dense.csv layout, so the pricer and
   (attention.csv prices attention with its KV);
 - per iteration: embedding and final_layernorm at N tokens; lm_head per sequence (vLLM
   computes logits for the last token of each sequence only);
-- attention rows (prefill_chunk, kv_prefill = kv_cache_size - chunk, n_decode, kv_decode):
-  the profile has no mixed calls, so the pricer adds a prefill call and a decode call
-  (cluster.hardware.pricer.AttentionGrid), as LLMServingSim does;
+- attention rows (prefill_chunk, kv_prefill = kv_cache_size - chunk, n_decode, kv_decode =
+  the decodes' total KV; `attention_kind` "fa2-varlen"): the profile has no mixed calls,
+  so the pricer adds a prefill call and a decode call (cluster.hardware.pricer);
 - MoE (App. B.3): the block for T tokens touching e distinct experts is
   gate(T) + e * expert(T*k/e) + act_fn(T*k): the router on every token, e experts of
   T*k/e routed tokens each (w1 + w3 + w2, linear between measured token counts), one
@@ -132,7 +139,8 @@ def _num(path: Path, line: int, field: str, text: str | None, *, integer: bool =
 
 
 def _read_attention(path: Path, factor: float) -> np.ndarray:
-    """Rows (prefill_chunk, kv_prefill, n_decode, kv_decode, seconds), duplicates averaged."""
+    """Rows (prefill_chunk, kv_prefill, n_decode, kv_decode, seconds), duplicates averaged;
+    a decode row's kv_decode is the KV of all its decodes together (module docstring)."""
     try:
         f = open_csv(path)
     except FileNotFoundError:
@@ -254,4 +262,6 @@ def load_layer_tables(
     attention = _read_attention(d / "attention.csv", factor)
     moe_rows = _moe_rows(ops, shape, target, d) if moe else None
     names = tuple(sorted(ops))
-    return OperatorTables(dense_layer, dense_iter, per_seq, attention, moe_rows, names, target)
+    return OperatorTables(
+        dense_layer, dense_iter, per_seq, attention, moe_rows, names, target, "fa2-varlen"
+    )

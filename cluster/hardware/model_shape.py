@@ -15,6 +15,9 @@ Per rank, under TP t and EP e:
 - KV heads split t ways, replicated when t exceeds them (at least one head per rank); an
   MLA cache (kv_lora_rank + qk_rope_head_dim per token and layer) is replicated on every
   rank.
+`sliding_window` is the config's attention window (0: none; a config with
+`use_sliding_window: false`, as Qwen2/3 write, has none: vLLM's ModelConfig reads it the
+same way). It changes which attention kernel a decode runs (cluster.hardware.attention_kernel).
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ class ModelShape:
     kv_lora_rank: int = 0  # MLA latent (0 = per-head K and V)
     qk_rope_head_dim: int = 0
     dtype_bytes: int = 2
+    sliding_window: int = 0  # attention window in tokens (0 = full attention)
 
     @property
     def is_moe(self) -> bool:
@@ -171,6 +175,13 @@ class ModelShape:
             )
         layers = need("num_hidden_layers", "n_layer")
         dense = opt("first_k_dense_replace") if experts else 0
+        window = cfg.get("sliding_window")
+        if cfg.get("use_sliding_window") is False or window is None:
+            window = 0
+        if not isinstance(window, int) or isinstance(window, bool) or window < 0:
+            raise ConfigError(
+                f"{source}: field 'sliding_window' must be an integer >= 0 or null, got {window!r}"
+            )
         mlp_only = cfg.get("mlp_only_layers") or []
         if experts and isinstance(mlp_only, list):
             dense += len(mlp_only)
@@ -195,6 +206,7 @@ class ModelShape:
             kv_lora_rank=opt("kv_lora_rank"),
             qk_rope_head_dim=opt("qk_rope_head_dim"),
             dtype_bytes=DTYPE_BYTES[dtype],
+            sliding_window=window,
         )
 
     @classmethod

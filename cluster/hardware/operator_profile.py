@@ -22,7 +22,7 @@ turns it into a simulator profile (`--profile PROFILE.json`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from cluster.core import ConfigError
+from cluster.hardware.attention_kernel import flash_attention_version
 from cluster.hardware.engine import EngineSettings
 from cluster.hardware.layer_tables import is_layers_layout, load_layer_tables
 from cluster.hardware.model_shape import ModelShape
@@ -312,6 +313,7 @@ def build_profile(
     else:
         tables = OperatorTables.load(d, profiled_tp=profiled_tp, tp=tp)
         need, where = ("qkv_proj", "o_proj"), "dense.csv"
+    tables = replace(tables, fa_version=flash_attention_version(hardware))
     par = parallel or Parallelism(tp=tp)
     if par.tp != tp:
         raise ConfigError(f"parallelism tp={par.tp} differs from tp={tp}")

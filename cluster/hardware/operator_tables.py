@@ -148,6 +148,14 @@ class OperatorTables:
     moe: FloatArray | None  # rows (tokens, activated_experts, seconds) or None
     ops: tuple[str, ...]  # operator names found
     tp: int = 1
+    # How attention.csv was measured: "engine" (inside the serving engine, every call shape
+    # on the engine's own kernels; kv_decode per decode) or "fa2-varlen" (LLMServingSim's
+    # ISPASS'26 profiler: flash_attn_varlen_func alone, no paging, no mixed calls, a decode
+    # row's KV is the batch's total, split evenly: cluster.hardware.layer_tables).
+    attention_kind: str = "engine"
+    # FlashAttention version vLLM serves with on the profiled GPU (2, 3; 0 unknown):
+    # cluster.hardware.attention_kernel
+    fa_version: int = 0
 
     @classmethod
     def load(
@@ -246,17 +254,27 @@ class OperatorTables:
             },
             "ops": list(self.ops),
             "tp": self.tp,
+            "attention_kind": self.attention_kind,
+            "fa_version": self.fa_version,
         }
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> OperatorTables:
         moe = doc.get("moe_s")
+        ops = tuple(doc.get("ops", ()))
+        # documents written before the field: the layers layout names q_proj, the dense one
+        # qkv_proj (its stored rows are the same numbers either way)
+        kind = doc.get("attention_kind") or (
+            "fa2-varlen" if "q_proj" in ops and "qkv_proj" not in ops else "engine"
+        )
         return cls(
             Table1D.from_json(doc["dense_layer_s"]),
             Table1D.from_json(doc["dense_iteration_s"]),
             Table1D.from_json(doc["per_sequence_s"]),
             np.asarray(doc["attention_s"]["rows"], dtype=np.float64),
             None if moe is None else np.asarray(moe["rows"], dtype=np.float64),
-            tuple(doc.get("ops", ())),
+            ops,
             int(doc.get("tp", 1)),
+            str(kind),
+            int(doc.get("fa_version", 0)),
         )

@@ -23,9 +23,18 @@ decodes (sequences that reach lm_head):
   (E/e)*(1-(1-k/E)^T) = (E/e)*phi(T) distinct local experts the group's tokens touch.
 - memory floor (with `memory_gbps`): one layer's attention reads the KV of every decode's
   context and every chunk's (cached plus new tokens); it takes at least those bytes over the
-  GPU's memory bandwidth. Profiles whose batched-decode attention was measured over shared
-  KV blocks (LLMServingSim's A6000 tables: 128 decodes of 2,560 tokens in 106 us, 12.6 TB/s
-  on a 768 GB/s GPU) are held to it.
+  GPU's memory bandwidth.
+- tables measured with `flash_attn_varlen_func` alone (`attention_kind` "fa2-varlen",
+  cluster.hardware.layer_tables: a decode row's KV is the batch's total, no paging, no KV
+  split, no mixed calls) price a call as vLLM runs it (cluster.hardware.attention_kernel):
+  its prefill chunks from the prefill rows (held to their KV bytes); its decodes packed and
+  split (a pure-decode call on FlashAttention 2 without a sliding window, or FlashAttention
+  3) at the table's time of that many decodes of one key each (their launch cost) or their
+  KV read once over the bandwidth, whichever is longer; unpacked (a mixed call, or a
+  sliding-window model, on FlashAttention 2) at the table's time of that many decodes over
+  their total KV (inside the KV it measured, not extrapolated) or their KV read `group`
+  times over the bandwidth, whichever is longer; a mixed call is the two less one launch
+  floor. Without a bandwidth the decodes are the table's time over their total KV.
 - communication (no profile measures it): per TP all-reduce of N*hidden*dtype bytes, two
   per layer (after o_proj and the MLP/MoE) and one for the vocab-parallel embedding,
   latency + 2(t-1)/t * bytes / bandwidth; under EP per MoE layer a dispatch (all-gather of
@@ -47,6 +56,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from cluster.hardware.attention_kernel import decode_kv_reads
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_tables import OperatorTables, Table1D
 
@@ -109,6 +119,24 @@ class AttentionGrid:
             )
         pure = [s for (pc, _kp, nd, _kd), s in self.points.items() if nd == 0 and pc > 0]
         self.prefill_floor = min(pure) if pure else 0.0
+        self.floor = float(rows[:, 4].min())  # the launch floor of any call
+        # decode rows: the most KV measured per number of decodes (sorted by decodes)
+        most: dict[float, float] = {}
+        for _pc, _kp, nd, kd in self.points:
+            if nd > 0:
+                most[nd] = max(most.get(nd, 0.0), kd)
+        self._most_kv = sorted(most.items())
+
+    def decode_kv_measured(self, nd: float) -> float:
+        """The most KV the table measured for `nd` decodes (the smaller of the two measured
+        decode counts around `nd`; 0 without decode rows)."""
+        if self._split is not None:
+            return self._split[1].decode_kv_measured(nd)
+        if not self._most_kv:
+            return 0.0
+        keys = [k for k, _ in self._most_kv]
+        lo, hi, _t = _bracket(keys, nd)
+        return min(self._most_kv[lo][1], self._most_kv[hi][1])
 
     def _slice(self, pc: float, nd: float, kp: float, kd: float) -> float:
         sl = self.slices.get((pc, nd))
@@ -226,6 +254,8 @@ class IterationPricer:
         chunks = sorted(((float(u), float(c)) for u, c in prefill_chunks if u > 0), reverse=True)
         if not chunks and nd == 0:
             return 0.0
+        if self.tables.attention_kind == "fa2-varlen":
+            return self._varlen_attention(chunks, decode_kv)
         pc, kp = chunks[0] if chunks else (0.0, 0.0)
         t = self._attention(pc, kp, float(nd), kd)
         for u, c in chunks[1:]:
@@ -234,6 +264,40 @@ class IterationPricer:
             read = float(sum(decode_kv)) + sum(u + c for u, c in chunks)
             t = max(t, read * self._kv_layer_bytes / (self.memory_gbps * 1e9))
         return t
+
+    def _read_s(self, tokens: float) -> float:
+        """Seconds to read `tokens` tokens of one layer's KV at the memory bandwidth."""
+        return tokens * self._kv_layer_bytes / (self.memory_gbps * 1e9) if self.memory_gbps else 0.0
+
+    def _varlen_attention(
+        self, chunks: list[tuple[float, float]], decode_kv: Sequence[int]
+    ) -> float:
+        """One layer's attention call from an "fa2-varlen" table (module docstring)."""
+        grid = self._attention
+        t = 0.0
+        if chunks:
+            pc, kp = chunks[0]
+            t = grid(pc, kp, 0.0, 0.0)
+            for u, c in chunks[1:]:
+                t += max(grid(u, c, 0.0, 0.0) - grid.prefill_floor, 0.0)
+            t = max(t, self._read_s(sum(u + c for u, c in chunks)))
+        if not decode_kv:
+            return t
+        nd, total = float(len(decode_kv)), float(sum(decode_kv))
+        mixed = any(u > 1 for u, _ in chunks)  # vLLM's max_seqlen_q > 1
+        reads = decode_kv_reads(self.shape, self.parallel.tp, self.tables.fa_version, mixed)
+        if not self.memory_gbps:
+            dec = grid(0.0, 0.0, nd, total)  # no bandwidth: the measured kernel as is
+        elif reads > 1.0:
+            # the table as a lower bound inside what it measured (never extrapolated)
+            inside = min(total, grid.decode_kv_measured(nd))
+            dec = max(grid(0.0, 0.0, nd, inside), self._read_s(reads * total))
+        else:
+            # launch cost: that many decodes of one token each
+            dec = max(grid(0.0, 0.0, nd, nd), self._read_s(total))
+        if not chunks:
+            return dec
+        return max(t + dec - grid.floor, 0.0)
 
     def moe_time(self, tokens: float, group_tokens: float | None = None) -> float:
         """Seconds of one MoE layer on the busiest rank (0 for a dense model)."""

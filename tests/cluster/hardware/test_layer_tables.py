@@ -7,6 +7,7 @@ import csv
 import gzip
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -82,14 +83,62 @@ def test_a_mixed_call_is_its_prefill_call_plus_its_decode_call(llama: IterationP
     assert rows[(rows[:, 0] == 32) & (rows[:, 2] == 0)][:, 1].min() == 0
 
 
-def test_the_memory_floor_holds_batched_decode_attention(llama: IterationPricer) -> None:
-    # the table says 128 decodes of 2,048 tokens read their KV (1 GiB a layer) in ~106 us
-    measured = llama.attention_time([], [2048] * 128)
-    assert measured < 2e-4
-    floored = IterationPricer(llama.tables, llama.shape, llama.parallel, memory_gbps=768.0)
-    kv_bytes = 128 * 2048 * llama.shape.kv_bytes_per_token() / llama.shape.num_layers
-    assert floored.attention_time([], [2048] * 128) == pytest.approx(kv_bytes / 768e9)
-    assert floored.attention_time([], [32]) == llama.attention_time([], [32])  # small reads
+def _decode_row(model: str, batch: int, kv: int) -> float:
+    att = [
+        float(r["time_stats.attn_decode.mean"]) * 1e-3
+        for r in _rows(model, "attention")
+        if r["is_prefill"] == "False" and r["batch_size"] == str(batch)
+        and r["kv_cache_size"] == str(kv)
+    ]  # fmt: skip
+    return float(np.mean(att))
+
+
+def _priced(model: str, fa_version: int) -> IterationPricer:
+    shape = _shape(model)
+    tables = replace(
+        load_layer_tables(A6000 / "profiles" / model / "tp1", shape), fa_version=fa_version
+    )
+    return IterationPricer(tables, shape, memory_gbps=768.0)
+
+
+def test_a_decode_row_holds_the_whole_batch_kv(llama: IterationPricer) -> None:
+    """LLMServingSim's profiler splits kv_cache_size over the batch: 128 decodes at 2,048
+    are 128 decodes of 16 keys, so that row prices 128 decodes of 16 tokens (no bandwidth:
+    the measured kernel as is), not of 2,048."""
+    assert llama.tables.attention_kind == "fa2-varlen"
+    assert llama.attention_time([], [16] * 128) == pytest.approx(_decode_row(LLAMA, 128, 2048))
+    assert llama.attention_time([], [2048]) == pytest.approx(_decode_row(LLAMA, 1, 2048))
+    # 4 decodes of 512 each read what the row of 4 decodes over 2,048 measured
+    assert llama.attention_time([], [512] * 4) == pytest.approx(_decode_row(LLAMA, 4, 2048))
+
+
+def test_pure_decodes_read_their_kv_once_mixed_ones_once_per_query_head() -> None:
+    """vLLM's FlashAttention 2 packs and splits only a pure-decode call; in a call with a
+    prefill chunk every query head reads its KV head (group = 32 / 8 = 4 reads)."""
+    p = _priced(LLAMA, 2)
+    read = p.shape.kv_bytes_per_token() / p.shape.num_layers / 768e9  # s per KV token
+    assert p.attention_time([], [2048] * 128) == pytest.approx(128 * 2048 * read)
+    assert p.attention_time([], [32]) == pytest.approx(_decode_row(LLAMA, 1, 32))  # launch
+    pre = p.attention_time([(200, 0)], [])
+    floor = float(p.tables.attention[:, 4].min())
+    mixed = p.attention_time([(200, 0)], [400] * 128)
+    assert mixed == pytest.approx(pre + 4 * 128 * 400 * read - floor)
+    # one recomputed prompt token (a PD decode instance's admission) keeps max_seqlen_q 1
+    assert p.attention_time([(1, 399)], [400] * 127) < 1.2 * p.attention_time([], [400] * 128)
+    # FlashAttention 3 (Hopper) packs grouped queries in mixed calls too
+    assert _priced(LLAMA, 3).attention_time([(200, 0)], [400] * 128) == pytest.approx(
+        pre + 128 * 400 * read - floor
+    )
+
+
+def test_a_sliding_window_model_reads_its_kv_once_per_query_head() -> None:
+    """Phi-mini-MoE's 2,047-token window takes every call off the packed path on FA2."""
+    p = _priced(PHI, 2)
+    assert p.shape.sliding_window == 2047
+    read = p.shape.kv_bytes_per_token() / p.shape.num_layers / 768e9
+    assert p.attention_time([], [400] * 128) == pytest.approx(4 * 128 * 400 * read)
+    unknown = _priced(PHI, 0)  # a GPU whose FlashAttention version is not known: no penalty
+    assert unknown.attention_time([], [400] * 128) == pytest.approx(128 * 400 * read)
 
 
 def test_moe_block_charges_the_touched_experts() -> None:
