@@ -30,6 +30,9 @@ class ControlPlaneConfig:
     # (cluster.control.state.form_prefill_time: Eq. 3 plus a form's extra terms) instead of
     # Eq. 3 alone; the planner's Eq. 3 already includes them. Same as Eq. 3 on paper forms.
     prefill_forms: bool = False
+    # Modes the planner may be set to (PUT /v1/planner): an attached fleet in shadow mode
+    # (`pdlab attach`) allows ("advise", "off") so nothing switches unless asked.
+    planner_modes: tuple[PlannerMode, ...] = ("auto", "advise", "off")
 
 
 def make_planner(cfg: ControlPlaneConfig) -> Planner:
