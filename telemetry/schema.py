@@ -448,6 +448,14 @@ TABLES: dict[str, tuple[Column, ...]] = {
             nonnegative=True,
         ),
     ),
+    "engine_metrics": (
+        RUN_ID,
+        T,
+        NODE,
+        _c("metric", "VARCHAR", "the engine's Prometheus sample name (e.g. vllm:num_requests_running)"),
+        _c("labels", "VARCHAR", "the sample's labels as JSON", nullable=True),
+        _c("value", "DOUBLE", "its value: a gauge, or a counter's total since the engine started"),
+    ),
 }
 
 # Columns whose values must be finite (no NaN/inf) when present.

@@ -38,6 +38,8 @@ TABLE_DOCS: dict[str, str] = {
     "router_decisions": "One row per routing decision (Alg. E.3's inner loop).",
     "model_fits": "One row per node and phase fitted by `pdlab fit` (Eq. 1, Eq. 2).",
     "programs": "One row per finished agent program (paper 003 §3.1).",
+    "engine_metrics": "One row per sample of an engine's Prometheus /metrics scraped by "
+    "`pdlab attach` (gauges and counters; histogram buckets are not kept).",
 }
 
 _INTRO = """\

@@ -32,6 +32,7 @@ class PlannerSettings(NamedTuple):
     next_evaluation_t: float | None  # None while the cluster runs collocated
     collocated: bool
     last_decision: PlannerDecision | None
+    modes: tuple[str, ...] = PLANNER_MODES  # the modes it may be set to
 
 
 def check_mode(mode: str, allowed: tuple[str, ...] = PLANNER_MODES) -> PlannerMode:
@@ -112,6 +113,7 @@ class PlannerDriver:
             next_evaluation_t=None if collocated else self.next_t,
             collocated=collocated,
             last_decision=self.last_decision,
+            modes=self.allowed,
         )
 
 

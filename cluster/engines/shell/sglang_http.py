@@ -1,6 +1,7 @@
 """SGLang 0.5.23's HTTP subset over any engine that meets `SGLangEngine` (SPEC §6).
 
-`sglang_app` serves /health, /health_generate, /server_info (/get_server_info),
+`sglang_app` serves /health, /health_generate, /metrics (SGLang's Prometheus names, when the
+engine has `serving_metrics`), /server_info (/get_server_info),
 /model_info (/get_model_info), /v1/tokenize (/tokenize), /generate (text or input_ids; SSE
 with "stream"), /v1/completions and /v1/chat/completions with SGLang's request fields,
 response shapes (meta_info with prompt_tokens, completion_tokens, cached_tokens; OpenAI
@@ -22,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from cluster.engines.shell.lifecycle import Update
+from cluster.engines.shell.serving_metrics import CONTENT_TYPE
 from cluster.sglang.wire import toy_tokenizer
 
 
@@ -82,6 +84,10 @@ def sglang_app(
             if fin is not None and fin.get("type") == "abort":
                 return Response(status_code=503)
         return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return metrics_response(engine)
 
     async def server_info() -> dict[str, Any]:
         return engine.server_info()
@@ -156,6 +162,33 @@ def sglang_app(
         return await respond_openai(engine, ids, sp, body, chat=True)
 
     return app
+
+
+def metrics_response(engine: Any) -> Response:
+    """GET /metrics: the engine's Prometheus exposition (404 when it keeps none)."""
+    m = getattr(engine, "serving_metrics", None)
+    if m is None:
+        return Response(status_code=404)
+    return Response(m.render(), media_type=CONTENT_TYPE)
+
+
+async def observed(engine: Any, n_in: int, it: AsyncIterator[Update]) -> AsyncIterator[Update]:
+    """Pass `it`'s updates on; when the answer finishes (not aborted) count it in the
+    engine's `serving_metrics` (prompt, cached, output tokens, TTFT, E2E)."""
+    t0 = time.monotonic()
+    first: float | None = None
+    last: Update | None = None
+    async for item in it:
+        if first is None and item[0]:
+            first = time.monotonic()
+        last = item
+        yield item
+    m = getattr(engine, "serving_metrics", None)
+    fin = None if last is None else last[1]
+    if m is not None and last is not None and fin is not None and fin.get("type") != "abort":
+        now = time.monotonic()
+        reason = str(fin.get("type"))
+        m.observe(n_in, last[2], len(last[0]), (first or now) - t0, now - t0, reason)
 
 
 def check_generate(body: dict[str, Any], engine_name: str) -> str | None:
@@ -261,7 +294,7 @@ async def respond_native(
                 "e2e_latency": time.monotonic() - t0}  # fmt: skip
         return {"text": toy_tokenizer.decode(out_ids), "output_ids": out_ids, "meta_info": meta}
 
-    gen = engine.generate(ids, sp, rid, body)
+    gen = observed(engine, len(ids), engine.generate(ids, sp, rid, body))
     if stream:
 
         async def sse() -> AsyncIterator[bytes]:
@@ -302,7 +335,7 @@ async def respond_openai(
             c["message"] = {"role": "assistant", "content": text}
         return c
 
-    gen = engine.generate(ids, sp, rid, body)
+    gen = observed(engine, len(ids), engine.generate(ids, sp, rid, body))
     if body.get("stream"):
 
         async def sse() -> AsyncIterator[bytes]:

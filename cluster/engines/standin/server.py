@@ -18,7 +18,9 @@ prefill's bootstrap server).
     ...
     engine.stop()
 
-or `python -m cluster.engines.standin.server --role prefill --port 30000`.
+or `python -m cluster.engines.standin.server --role prefill --port 30000`. With
+`wire="vllm"` (`--wire vllm`) it speaks vLLM instead (`vllm_http`: vLLM's routes, /metrics
+names, KV event format, NIXL-style P/D hand-off, pdlab's vLLM step stream).
 """
 
 from __future__ import annotations
@@ -31,12 +33,13 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import replace
-from typing import Any, Unpack
+from typing import Any, Literal, Unpack
 
 from fastapi import FastAPI
 
 from cluster.engines.shell.lifecycle import EngineEndpoints, EngineShell, ShellOptions, Update
 from cluster.engines.shell.scheduling import ROLES, OnUpdate, Role
+from cluster.engines.shell.serving_metrics import ServingMetrics
 from cluster.engines.shell.sglang_http import check_generate
 from cluster.engines.standin.bootstrap import RoomRegistry, bootstrap_app, wait_for_prefill
 from cluster.engines.standin.http_api import standin_app
@@ -62,10 +65,17 @@ class StandinEngine(EngineShell[StandinScheduler]):
         model_path: str = DEFAULT_MODEL,
         transfer_timeout_s: float = 30.0,
         free_gpu_memory_gb: float = 80.0,
+        wire: Literal["sglang", "vllm"] = "sglang",
         **options: Unpack[ShellOptions],
     ) -> None:
+        if wire not in ("sglang", "vllm"):
+            raise ValueError(f"wire must be sglang or vllm, got {wire!r}")
+        self.wire = wire
+        self.metrics_style = wire  # GET /metrics under SGLang's or vLLM's names
         super().__init__(role, transfer_timeout_s=transfer_timeout_s, **options)
         self.config = config or SchedulerConfig()
+        if wire == "vllm":
+            self.config = replace(self.config, kv_wire_format="vllm")
         self.model_path = model_path
         self.free_gpu_memory_gb = free_gpu_memory_gb  # what a decode-graph capture may use
         self.decode_graphs_captured = role == "decode"
@@ -88,7 +98,25 @@ class StandinEngine(EngineShell[StandinScheduler]):
         )
 
     def _http_app(self) -> FastAPI:
+        if self.wire == "vllm":
+            from cluster.engines.standin.vllm_http import vllm_app
+
+            return vllm_app(self)
         return standin_app(self)
+
+    def _fpm_publisher(self, endpoint: str) -> Any:
+        if self.wire == "vllm":  # pdlab's vLLM stat-logger stream instead of SGLang's FPM
+            from cluster.engines.standin.vllm_http import StepsPublisher
+
+            return StepsPublisher(endpoint, self)
+        return super()._fpm_publisher(endpoint)
+
+    def _serving_metrics(self) -> ServingMetrics:
+        cfg = self.config
+        return ServingMetrics(
+            self.metrics_style, self.served_model, self.load,
+            block_size=cfg.page_size, num_gpu_blocks=cfg.capacity_pages,
+        )  # fmt: skip
 
     def _bootstrap_app(self) -> FastAPI:
         return bootstrap_app(self.rooms, page_size=self.config.page_size, http_port=self.port)
@@ -106,6 +134,10 @@ class StandinEngine(EngineShell[StandinScheduler]):
     @property
     def serving_role(self) -> str:
         return self.sched.role
+
+    def kv_usage(self) -> float:
+        cache = self.sched.cache
+        return (cache.num_pages + cache.reserved_pages) / cache.capacity_pages
 
     def model_info(self) -> dict[str, Any]:
         return {
@@ -229,6 +261,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--time-scale", type=float, default=1.0)
     p.add_argument("--enable-pd-role-switch", action="store_true")
+    p.add_argument("--wire", choices=("sglang", "vllm"), default="sglang")
     a = p.parse_args(argv)
     engine = StandinEngine(
         a.role,
@@ -240,6 +273,7 @@ def main(argv: list[str] | None = None) -> None:
         forward_metrics_endpoint=a.forward_metrics_endpoint,
         bootstrap_port=a.bootstrap_port,
         enable_pd_role_switch=a.enable_pd_role_switch,
+        wire=a.wire,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
