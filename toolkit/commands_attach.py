@@ -88,8 +88,10 @@ def attach_command(
         if not engines:
             raise ConfigError("give a fleet file or at least one --engine URL")
         settings = cfg.settings if cfg else FleetSettings()
-        changes = {k: v for k, v in (("router_url", router_url), ("profile", profile)) if v}
-        settings = dataclasses.replace(settings, **changes)
+        if router_url:
+            settings = dataclasses.replace(settings, router_url=router_url)
+        if profile:
+            settings = dataclasses.replace(settings, profile=profile)
         fleet = AttachedFleet(
             FleetConfig(engines, settings, str(fleet_file or "")), db_path=db, run_id=run_id
         )

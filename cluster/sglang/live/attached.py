@@ -143,7 +143,7 @@ class AttachedFleet:
                     catch_up=s.catch_up, on_kv_events=self.cp.on_kv_events,
                     on_restart=self.cp.drop_node_blocks, on_pass=self._on_pass,
                 )  # fmt: skip
-                self.nodes[e.node_id] = node
+                self.nodes[node.node_id] = node
                 node.start()
         except BaseException:
             for node in self.nodes.values():

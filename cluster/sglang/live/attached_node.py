@@ -97,11 +97,13 @@ class AttachedNode:
     def start(self) -> None:
         s, n = self.spec, self.node_id
         if s.kv_events:
-            self.kv = RestartAwareKVCollector(
+            kv = RestartAwareKVCollector(
                 s.kv_events, on_restart=self._restarted, node_id=n, topic=s.kv_topic,
                 replay_endpoint=s.kv_replay, callbacks=[self._kv_events], sink=self.sink,
                 run_start_wall=self.run_start_wall, catch_up=self.catch_up,
-            ).start()  # fmt: skip
+            )  # fmt: skip
+            kv.start()
+            self.kv = kv
         if s.forward_metrics:
             self.fpm = ForwardMetricsCollector(
                 s.forward_metrics, node_id=n, sink=self.sink, callbacks=[self._fpm_pass],
