@@ -29,6 +29,7 @@ from vllm_stats_mirror import (
     CUDAGraphStat,
     FinishedRequestStats,
     IterationStats,
+    PerEngineStatLoggerAdapter,
     PrefixCacheStats,
     SchedulerStats,
     StatLoggerBase,
@@ -343,3 +344,23 @@ def test_vllm_meanings_name_real_columns() -> None:
         names = {c.name for c in TABLES[table]}
         assert set(cols) <= names, (table, set(cols) - names)
     assert set(VLLM_NOT_REPORTED) <= set(TABLES)
+
+
+def test_a_dp_server_gives_each_rank_its_own_rows_through_vllms_adapter() -> None:
+    """AsyncLLM(stat_loggers=[factory]) with DP 2: StatLoggerManager wraps the factory in a
+    PerEngineStatLoggerAdapter; each rank's steps keep their own ledger and node."""
+    sink = ListSink()
+    factory = vllm_plugin.pdlab_stat_logger(sink=sink)
+    factory.outputs.emitter.mapper.run_start_wall = T0
+    manager = PerEngineStatLoggerAdapter(vllm_config(512, 16, 1000), [0, 1], factory)
+    manager.log_engine_initialized()
+    manager.record(*_step(0.05, running=1, new=[(300, 0)], first=[(300, 0, 0.05)]), engine_idx=0)
+    manager.record(*_step(0.06, running=1, new=[(1000, 0)]), engine_idx=1)  # chunk 1 of 2
+    manager.record(*_step(0.15, running=1, itls=[0.1]), engine_idx=0)
+    manager.record(*_step(0.16, running=1, first=[(1000, 0, 0.16)]), engine_idx=1)
+    manager.log()
+    pre = sink.rows["prefill_iterations"]
+    assert [(r["node_id"], r["t_uc"]) for r in pre] == [(0, 300), (1, 488)]
+    (dec,) = sink.rows["decode_iterations"]
+    assert dec["node_id"] == 0 and dec["batch_size"] == 1
+    assert factory.outputs.emitter.mapper.untimed == 1  # rank 1's first chunk: no duration

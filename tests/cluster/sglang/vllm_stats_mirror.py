@@ -194,3 +194,28 @@ def vllm_config(budget: int, block_size: int, num_gpu_blocks: int | None) -> Vll
         _CacheConfig(block_size, num_gpu_blocks),
         _ModelConfig("meta-llama/Llama-3.1-8B-Instruct"),
     )
+
+
+class PerEngineStatLoggerAdapter:
+    """`StatLoggerManager`'s wrapping of a per-engine factory (not a type, or a type that is
+    not an AggregateStatLoggerBase): one logger per engine index, records dispatched by
+    `engine_idx` with `mm_cache_stats` by keyword."""
+
+    def __init__(self, vllm_config: Any, engine_indexes: list[int], factory: Any) -> None:
+        self.per_engine_stat_loggers = {i: factory(vllm_config, i) for i in engine_indexes}
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
+               engine_idx: int = 0) -> None:  # fmt: skip
+        if engine_idx in self.per_engine_stat_loggers:
+            self.per_engine_stat_loggers[engine_idx].record(
+                scheduler_stats, iteration_stats, mm_cache_stats=mm_cache_stats,
+                engine_idx=engine_idx,
+            )  # fmt: skip
+
+    def log(self) -> None:
+        for lg in self.per_engine_stat_loggers.values():
+            lg.log()
+
+    def log_engine_initialized(self) -> None:
+        for lg in self.per_engine_stat_loggers.values():
+            lg.log_engine_initialized()
