@@ -8,6 +8,7 @@ with the types, constraints, meaning and units the writer enforces.
 
 from __future__ import annotations
 
+from telemetry.engine_meanings import VLLM_COLUMNS, VLLM_NOT_REPORTED, VLLM_SOURCE
 from telemetry.schema import (
     FINALIZED_TABLE,
     META_TABLE,
@@ -53,6 +54,8 @@ TABLE_DOCS: dict[str, str] = {
     "(`pdlab validate` compares the twin with them).",
     "reference_latency": "One row per framework of an imported run's mean-latency table: the "
     "real run's ('vLLM') and simulators' figures for it.",
+    "engine_metrics": "One row per sample of an engine's Prometheus /metrics scraped by "
+    "`pdlab attach` (gauges and counters; histogram buckets are not kept).",
 }
 
 _INTRO = """\
@@ -111,9 +114,28 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def _vllm_section(table: str) -> list[str]:
+    """What the table's columns mean when vLLM wrote them (telemetry.engine_meanings)."""
+    cols, missing = VLLM_COLUMNS.get(table), VLLM_NOT_REPORTED.get(table)
+    if not cols and not missing:
+        return []
+    out = ["**From vLLM** (sources under [Tables](#tables)):\n"]
+    if cols:
+        out += ["| column | from vLLM |", "|---|---|"]
+        out += [f"| `{c}` | {_cell(text)} |" for c, text in cols.items()]
+        out.append("")
+    if missing:
+        out.append(f"Not reported by vLLM: {missing}.\n")
+    return out
+
+
 def schema_markdown() -> str:
     out = [_INTRO.format(version=SCHEMA_VERSION)]
     out.append("## Tables\n")
+    out.append(
+        f"Rows from vLLM come from {VLLM_SOURCE}. What each column then means, and what vLLM "
+        "does not report, follows each table's reference.\n"
+    )
     out.append(" · ".join(f"[{t}](#{t})" for t in TABLES) + "\n")
     for table, cols in TABLES.items():
         out.append(f"### {table}\n")
@@ -126,6 +148,7 @@ def schema_markdown() -> str:
                 f"| {_cell(col.doc)} |"
             )
         out.append("")
+        out.extend(_vllm_section(table))
     out.append(_BOOKKEEPING)
     return "\n".join(out)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from toolkit.commands_advise import advise_command
+from toolkit.commands_attach import attach_command
 from toolkit.commands_bench import bench_command
 from toolkit.commands_collect import collect_app
 from toolkit.commands_engine import engine_command
@@ -57,6 +58,7 @@ app.command("engine")(engine_command)
 app.command("twin")(twin_command)
 app.command("advise")(advise_command)
 app.command("validate")(validate_command)
+app.command("attach")(attach_command)
 app.add_typer(collect_app, name="collect")
 app.add_typer(import_app, name="import")
 app.add_typer(profile_app, name="profile")

@@ -1,9 +1,11 @@
 """`pdlab collect`: live engine telemetry (SGLang / vLLM over ZMQ) into DuckDB (SPEC §3, §6, §7).
 
-`pdlab collect kv-events` subscribes to an engine's KV event publisher (gap recovery through
-`--replay`, restarts, reconnects) and writes the `kv_events` table; `pdlab collect
-forward-metrics` subscribes to SGLang's forward-pass metrics and writes `prefill_iterations`
-and `decode_iterations` (the logs `pdlab fit` fits Eq. 1–2 on). Both register the node,
+`pdlab collect kv-events` subscribes to an engine's KV event publisher (SGLang's or vLLM's:
+gap recovery through `--replay`, restarts, reconnects) and writes the `kv_events` table;
+`pdlab collect forward-metrics` subscribes to SGLang's (or vLLM's native) forward-pass
+metrics and writes `prefill_iterations` and `decode_iterations` (the logs `pdlab fit` fits
+Eq. 1–2 on); `pdlab collect vllm-steps` subscribes to pdlab's vLLM stat-logger plugin
+(`toolkit.vllm_plugin`) and writes those tables and `requests`. Both register the node,
 show a status line (events/s, gaps recovered, losses) and stop cleanly on Ctrl-C, SIGTERM or
 after `--seconds`, flushing everything received. `--db` is checked before anything is
 subscribed (a file that is not a DuckDB database is a one-line error, exit code 2), and
@@ -80,6 +82,8 @@ def _open_writer(
     hardware: str,
     config: dict[str, Any],
     run_start_wall: float,
+    source: str = "sglang",
+    num_nodes: int = 1,
 ) -> Any:
     from telemetry import TelemetryError, TelemetryWriter
     from telemetry.database import check_database
@@ -91,17 +95,21 @@ def _open_writer(
         writer = TelemetryWriter(
             db,
             run_id=run_id,
-            source="sglang",
+            source=source,
             config=config,
             started_at=datetime.fromtimestamp(run_start_wall, UTC),
         )
+        ids = list(range(node_id, node_id + num_nodes))
+        names = [node_name or f"node-{n}" for n in ids]
+        if num_nodes > 1:
+            names = [f"{name}-dp{i}" for i, name in enumerate(names)]
         writer.add_nodes(
             {
-                "node_id": [node_id],
-                "name": [node_name or f"node-{node_id}"],
-                "hardware": [hardware],
-                "moe_top_k": [0],
-                "moe_experts": [0],
+                "node_id": ids,
+                "name": names,
+                "hardware": [hardware] * num_nodes,
+                "moe_top_k": [0] * num_nodes,
+                "moe_experts": [0] * num_nodes,
             }
         )
     except TelemetryError as e:
@@ -310,3 +318,67 @@ def forward_metrics(
         } | col.stats.as_dict()
 
     _run("forward-metrics", col, sink, seconds, status, summary, as_json)
+
+
+@collect_app.command("vllm-steps")
+def vllm_steps(
+    connect: str = typer.Option(
+        ..., "--connect", help="the plugin's PUB endpoint ($PDLAB_VLLM_STEPS), tcp://HOST:PORT"
+    ),
+    db: Path = typer.Option(..., "--db", help="DuckDB telemetry file (created if missing)"),
+    node_id: int = typer.Option(0, "--node-id", help="node id of DP rank 0 (rank r: id + r)"),
+    dp_size: int = typer.Option(1, "--dp-size", min=1, help="DP ranks the server runs"),
+    seconds: float | None = typer.Option(None, "--seconds", min=0.0, help="stop after S seconds"),
+    run_id: str | None = typer.Option(
+        None, "--run-id", help="id of the new run (default: generated)"
+    ),
+    replay: str | None = typer.Option(
+        None, "--replay", help="the plugin's replay endpoint ($PDLAB_VLLM_STEPS_REPLAY)"
+    ),
+    catch_up: bool = typer.Option(False, "--catch-up", help="replay the publisher's buffer first"),
+    node_name: str | None = typer.Option(None, "--node-name"),
+    hardware: str = typer.Option("unknown", "--hardware"),
+    max_message_mb: float = typer.Option(
+        64.0, "--max-message-mb", min=0.001, help="largest ZMQ message accepted (MiB)"
+    ),
+    as_json: bool = typer.Option(False, "--json", help="print a JSON summary on exit"),
+) -> None:
+    """Subscribe to pdlab's vLLM stat-logger plugin; write iteration and request rows."""
+    from cluster.sglang.wire.vllm_step_collector import StepEmitter, VLLMStepCollector
+
+    _check_endpoint(connect, "--connect")
+    _check_endpoint(replay, "--replay")
+    start = time.time()
+    config = {"collect": "vllm-steps", "connect": connect, "replay": replay, "dp_size": dp_size}
+    writer = _open_writer(
+        db, run_id, node_id, node_name, hardware, config, start, "vllm", num_nodes=dp_size
+    )
+    sink = _LockedSink(writer)
+    emitter = StepEmitter(start, sink, node_of={r: node_id + r for r in range(dp_size)})
+    col = VLLMStepCollector(
+        connect,
+        emitter,
+        replay_endpoint=replay,
+        catch_up=catch_up,
+        max_message_bytes=int(max_message_mb * (1 << 20)),
+    )
+
+    def status(elapsed: float) -> str:
+        s, n = col.stats, emitter.num_rows
+        return (
+            f"[bold]vllm-steps[/] {emitter.num_steps} steps | {n['prefill_iterations']} prefill "
+            f"+ {n['decode_iterations']} decode iterations | {n['requests']} requests | "
+            f"untimed {emitter.mapper.untimed} | lost {s.messages_lost} | restarts "
+            f"{s.restarts} | malformed {s.malformed} | rejected rows {emitter.num_rows_rejected}"
+        )
+
+    def summary() -> dict[str, Any]:
+        return {
+            "steps": emitter.num_steps,
+            **emitter.num_rows,
+            "untimed_steps": emitter.mapper.untimed,
+            "duration_sources": dict(emitter.mapper.by_source),
+            "rows_rejected": emitter.num_rows_rejected,
+        } | col.stats.as_dict()
+
+    _run("vllm-steps", col, sink, seconds, status, summary, as_json)

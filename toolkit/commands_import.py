@@ -1,4 +1,10 @@
-"""`pdlab import vllm-bench DIR`, `sglang-bench FILE` and `lss-run` (SPEC §9).
+"""`pdlab import vllm-bench PATH`, `lss-bench DIR`, `sglang-bench FILE` and `lss-run` (SPEC §9).
+
+`vllm-bench` reads vLLM's own result file (`vllm bench serve --save-result`, with or
+without --save-detailed; toolkit.importers.vllm_result); given a directory it imports every
+run it finds there (vLLM result files, LLMServingSim run directories) and lists them. An
+LLMServingSim run directory given directly still imports, with a line saying its name is
+now `lss-bench` (toolkit.importers.vllm_bench).
 
 A recorded serving run goes into the documented tables (toolkit.importers) in one
 transaction, with the engine settings in the run's config; the command then prints the
@@ -60,6 +66,9 @@ def _write_and_report(db: Path, runs: list[Any], as_json: bool) -> None:
 
     console = Console()
     for run, m in results:
+        if run.num_requests == 0:
+            _print_summary(console, run)
+            continue
         table = Table(
             title=f"run {m.run_id}: {m.requests} requests ({run.config.get('arrivals')} arrivals)",
             caption="milliseconds, measured (from the imported database)",
@@ -80,6 +89,17 @@ def _write_and_report(db: Path, runs: list[Any], as_json: bool) -> None:
     console.print(f"imported into {db}")
 
 
+def _print_summary(console: Any, run: Any) -> None:
+    """A run without per-request records: vLLM's own summary, as it wrote it."""
+    s = run.config.get("summary") or {}
+    parts = [f"{k} {s[k]:.1f} ms" for k in ("mean_ttft_ms", "mean_tpot_ms", "mean_e2el_ms")
+             if isinstance(s.get(k), int | float)]  # fmt: skip
+    console.print(
+        f"run {run.run_id}: no per-request records ({run.config.get('per_request')}); vLLM's "
+        f"summary: {', '.join(parts) or 'none'}; `pdlab twin` needs per-request records"
+    )
+
+
 def _guarded(fn: Any) -> None:
     from cluster.core import ConfigError
     from telemetry import TelemetryError
@@ -93,6 +113,58 @@ def _guarded(fn: Any) -> None:
 
 @import_app.command("vllm-bench")
 def vllm_bench_command(
+    path: Path = typer.Argument(
+        ..., help="vLLM result JSON (`vllm bench serve --save-result`), or a directory of runs."
+    ),
+    db: Path = typer.Option(..., "--db", help="DuckDB telemetry database (created if absent)."),
+    run_id: str | None = typer.Option(
+        None, "--run-id", help="Run id (default: vllm-<file stem>; a prefix for several runs)."
+    ),
+    engine_args: Path | None = typer.Option(
+        None, "--engine-args", help="JSON of the server's vLLM arguments (max_num_seqs, ...)."
+    ),
+    model_config: Path | None = typer.Option(
+        None, "--model-config", help="The model's HF config.json (MoE shape of the nodes)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Import vLLM benchmark results (`vllm bench serve --save-result [--save-detailed]`)."""
+    from toolkit.importers import ImportFileError, find_runs, read_vllm_bench, read_vllm_result
+
+    def run() -> None:
+        found, skipped = find_runs(path)
+        if not found:
+            raise ImportFileError(path, 0, None, "no vLLM result or bench run directory here")
+        several = len(found) > 1 or (path.is_dir() and found[0].path != path)
+        if several and not as_json:
+            typer.echo(f"found {len(found)} run(s) under {path}:", err=True)
+            for f in found:
+                typer.echo(f"  {f.kind:12s} {f.path}", err=True)
+            for f, why in skipped:
+                typer.echo(f"  skipped      {f}: {why}", err=True)
+        runs: list[Any] = []
+        for f in found:
+            rid = None if run_id is None else (f"{run_id}-{f.path.stem}" if several else run_id)
+            if f.kind == "lss-bench":
+                if not several:
+                    typer.echo(
+                        f"note: {path} is LLMServingSim's bench layout; `pdlab import "
+                        "vllm-bench DIR` reads it for now, its name is `pdlab import lss-bench "
+                        "DIR` (vllm-bench is for vLLM's own result files)",
+                        err=True,
+                    )
+                runs.append(read_vllm_bench(f.path, run_id=rid, model_config=model_config))
+            else:
+                runs += read_vllm_result(
+                    f.path, run_id=rid, engine_args=engine_args, model_config=model_config
+                )
+        _write_and_report(db, runs, as_json)
+
+    _guarded(run)
+
+
+@import_app.command("lss-bench")
+def lss_bench_command(
     directory: Path = typer.Argument(..., help="Bench run directory (meta.json, requests.jsonl)."),
     db: Path = typer.Option(..., "--db", help="DuckDB telemetry database (created if absent)."),
     run_id: str | None = typer.Option(None, "--run-id", help="Run id (default: vllm-<dir name>)."),

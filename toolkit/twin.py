@@ -104,6 +104,11 @@ def run_twin(
 
         cpu = {"cpu_overhead_per_iteration_s": overhead.per_iteration_s}
         inputs = with_parameters(inputs, cpu)._replace(overhead=overhead)
+    if inputs.requests.height == 0:
+        raise ConfigError(
+            f"run {inputs.run_id!r} has no finished requests to replay: it holds no per-request "
+            "records (a vLLM result saved without --save-detailed keeps only its summary)"
+        )
     if inputs.arrivals == "unknown":
         raise ConfigError(
             f"run {inputs.run_id!r} did not record when its requests arrived (a benchmark "

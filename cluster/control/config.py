@@ -34,6 +34,9 @@ class ControlPlaneConfig:
     # engine wake-up, KV hand-off, decode join and streaming: models.overheads'
     # ServingOverheads.ttft_s); the router's predicted TTFT adds them. 0: none (Eq. 7 as is).
     ttft_overhead_s: float = 0.0
+    # Modes the planner may be set to (PUT /v1/planner): an attached fleet in shadow mode
+    # (`pdlab attach`) allows ("advise", "off") so nothing switches unless asked.
+    planner_modes: tuple[PlannerMode, ...] = ("auto", "advise", "off")
 
 
 def make_planner(cfg: ControlPlaneConfig) -> Planner:

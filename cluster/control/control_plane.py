@@ -17,12 +17,12 @@ accessors at the end of the class (`tests/cluster/control/test_api_boundary.py` 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from types import MappingProxyType
 
 from cluster.control.bounds import check_copy_price
 from cluster.control.config import ControlPlaneConfig, make_planner
 from cluster.control.engines import EngineBackend
 from cluster.control.lock import ContendedRLock
+from cluster.control.plane_reads import ControlPlaneReads
 from cluster.control.planner_driver import (
     PlannerDriver,
     PlannerSettings,
@@ -31,7 +31,7 @@ from cluster.control.planner_driver import (
 )
 from cluster.control.planning import Planner, PlannerDecision, PlannerView, SwitchMode, WindowStats
 from cluster.control.routing import DECODE_BINDERS, ROUTERS, DecodeBinder, Router, decision_row
-from cluster.control.snapshots import BranchInfo, RouterSettings, branch_info, directory_stats
+from cluster.control.snapshots import RouterSettings
 from cluster.control.state import (
     ClusterState,
     ClusterView,
@@ -51,7 +51,7 @@ from models import FetchModel, NodeModel
 __all__ = ["ControlPlane", "ControlPlaneConfig", "EngineBackend", "PendingSwitch", "SwitchError"]
 
 
-class ControlPlane:
+class ControlPlane(ControlPlaneReads):
     """See module docstring. Thread-safe for a live server through `lock`."""
 
     def __init__(
@@ -90,7 +90,9 @@ class ControlPlane:
         self.branches = BranchTable(self.directory, lambda n: self.state.phases[n], self.sink)
         self.router: Router = router or ROUTERS.create(cfg.router)
         self.binder: DecodeBinder = DECODE_BINDERS.create(cfg.decode_binder)
-        self._plan = PlannerDriver(planner or make_planner(cfg), cfg.planner_mode)
+        self._plan = PlannerDriver(
+            planner or make_planner(cfg), cfg.planner_mode, cfg.planner_modes
+        )
         self.stats = WindowStats()
         self._book = SwitchBook(self.state.unavailable)
         self.collocated = False
@@ -289,6 +291,19 @@ class ControlPlane:
         self.in_service = max(self.in_service - 1, 0)
         self.stats.record_decode_load(t, self.in_service)
 
+    def observe_load(
+        self, t: float, in_service: int, finished: Iterable[tuple[float, ...]] = ()
+    ) -> None:
+        """Requests the engines served without this control plane routing them (an attached
+        fleet in shadow mode, `pdlab attach`): the fleet's requests in service (the planner's
+        decode demand q) and the work (t_uc, A, t_c, t_out, t_acc) of those that finished
+        (the window's w-bar, Eq. 5-6)."""
+        self.now = t
+        self.in_service = max(int(in_service), 0)
+        self.stats.record_decode_load(t, self.in_service)
+        for t_uc, pairs, t_c, t_out, t_acc in finished:
+            self.stats.record_request(t, t_uc, pairs, t_c, t_out, t_acc)
+
     def on_branch_finish(self, branch_id: str, t: float) -> None:
         self.branches.finish(branch_id, t)
 
@@ -426,67 +441,3 @@ class ControlPlane:
         if node not in self.state.phases:
             raise ConfigError(f"unknown node {node}; nodes are {sorted(self.state.phases)}")
         return node
-
-    # ---- reads -----------------------------------------------------------------------
-    @property
-    def switches(self) -> Mapping[int, PendingSwitch]:
-        """Pending switches by node (a read-only view)."""
-        return MappingProxyType(self._book.pending)
-
-    @property
-    def num_switches(self) -> int:
-        return self._book.num_switches
-
-    @property
-    def block_tokens(self) -> int:
-        return self.directory.block_tokens
-
-    def pending_switch(self, node: int) -> PendingSwitch | None:
-        return self._book.pending.get(node)
-
-    def unavailable_reasons(self, node: int) -> frozenset[str]:
-        """Why `node` is out of routing ("switch" while switching); empty when it serves."""
-        return self._book.reasons(node)
-
-    def phase_of(self, node: int) -> Phase:
-        return self.state.phases[node]
-
-    def phases(self) -> dict[int, Phase]:
-        return dict(self.state.phases)
-
-    def available(self, phase: Phase) -> list[int]:
-        """Nodes serving `phase` that the router may use."""
-        return self.state.nodes_in(phase)
-
-    def models(self) -> dict[int, NodeModel]:
-        return dict(self.state.models)
-
-    def branch(self, branch_id: str) -> BranchInfo | None:
-        return branch_info(self.branches, branch_id)
-
-    def active_branches(self) -> list[str]:
-        """Ids of the active branches, oldest first."""
-        return list(self.branches.branches)
-
-    def node_blocks(self, node: int) -> int:
-        return self.directory.node_blocks(node)
-
-    def branch_counts(self, node: int) -> dict[BlockHash, int]:
-        """R_{b,n} > 0 of the blocks on `node`: what a branch-aware engine cache ranks by."""
-        return self.directory.node_counts(node)
-
-    def directory_stats(self) -> dict[str, int]:
-        return directory_stats(self.directory)
-
-    def planner_settings(self) -> PlannerSettings:
-        return self._plan.settings(self.collocated)
-
-    def router_settings(self) -> RouterSettings:
-        return RouterSettings(
-            self.router.name, self.state.copy_price_s_per_token, self.config.kv_fetch
-        )
-
-    def check_invariants(self) -> None:
-        self._book.check_invariants()
-        assert all(v >= 0 for v in self.state.decode_load.values()), self.state.decode_load
-        assert self.in_service >= 0

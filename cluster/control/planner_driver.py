@@ -32,20 +32,25 @@ class PlannerSettings(NamedTuple):
     next_evaluation_t: float | None  # None while the cluster runs collocated
     collocated: bool
     last_decision: PlannerDecision | None
+    modes: tuple[str, ...] = PLANNER_MODES  # the modes it may be set to
 
 
-def check_mode(mode: str) -> PlannerMode:
-    if mode not in PLANNER_MODES:
-        raise ConfigError(f"planner mode must be one of {', '.join(PLANNER_MODES)}, got {mode!r}")
-    return mode
+def check_mode(mode: str, allowed: tuple[str, ...] = PLANNER_MODES) -> PlannerMode:
+    if mode not in allowed:
+        why = "" if allowed == PLANNER_MODES else " here (the planner runs in shadow mode)"
+        raise ConfigError(f"planner mode must be one of {', '.join(allowed)}{why}, got {mode!r}")
+    return mode  # type: ignore[return-value]
 
 
 class PlannerDriver:
     """See module docstring. Mutated only by the `ControlPlane` that owns it."""
 
-    def __init__(self, planner: Planner, mode: str) -> None:
+    def __init__(
+        self, planner: Planner, mode: str, allowed: tuple[str, ...] = PLANNER_MODES
+    ) -> None:
         self.planner = planner
-        self.mode: PlannerMode = check_mode(mode)
+        self.allowed = allowed
+        self.mode: PlannerMode = check_mode(mode, allowed)
         self.next_t = 0.0
         self.last_decision: PlannerDecision | None = None
 
@@ -64,7 +69,7 @@ class PlannerDriver:
     ) -> None:
         """Validate every change first, then apply them all (nothing changes on an error)."""
         pl = self.planner
-        new_mode = check_mode(mode) if mode is not None else None
+        new_mode = check_mode(mode, self.allowed) if mode is not None else None
         if (window_s is not None or slices is not None) and not hasattr(pl, "window_s"):
             raise ConfigError(
                 f"planner {pl.name!r} has no window; window_s and slices apply to the 'gain' planner"
@@ -108,6 +113,7 @@ class PlannerDriver:
             next_evaluation_t=None if collocated else self.next_t,
             collocated=collocated,
             last_decision=self.last_decision,
+            modes=self.allowed,
         )
 
 

@@ -11,7 +11,6 @@ from typing import Any
 
 from cluster.control.control_plane import ControlPlane, PendingSwitch
 from cluster.control.engines import NodeStatus
-from cluster.control.planner_driver import PLANNER_MODES
 from cluster.control.planning import PlannerDecision
 from cluster.control.routing import ROUTERS
 from cluster.control.snapshots import BranchInfo
@@ -67,7 +66,7 @@ def planner_json(cp: ControlPlane) -> dict[str, Any]:
     return {
         "name": s.name,
         "mode": s.mode,
-        "modes": list(PLANNER_MODES),
+        "modes": list(s.modes),
         "window_s": s.window_s,
         "slices": s.slices,
         "interval_s": num(s.interval_s),

@@ -44,6 +44,43 @@ def _fmt_s(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f} s"
 
 
+def _shadow_text(shadow: dict[str, Any] | None) -> str:
+    """The recommendations of an attached fleet (`pdlab attach`), which nothing acts on."""
+    if not shadow:
+        return ""
+    r, p = shadow.get("router") or {}, shadow.get("planner") or {}
+    if "node" in r:
+        ttft = r.get("predicted_ttft_s")
+        route = (
+            f"a {r['prompt_tokens']}-token request → <b>node {r['node']}</b> "
+            f"(predicted TTFT {_fmt_s(ttft)}, {html.escape(str(r['policy']))})"
+        )
+    else:
+        route = html.escape(str(r.get("note", "-")))
+    if "t" in p:
+        rec = p.get("recommended_split")
+        gain = p.get("best_mean_gain_rps")
+        gain_s = (
+            ""
+            if gain is None
+            else f", best gain {gain:+.2f} ± {p.get('best_std_gain_rps') or 0:.2f} req/s"
+        )
+        plan = (
+            f"t={p['t']:.0f} s: <b>{'recommend ' + rec if rec else 'keep ' + p['current_split']}</b>"
+            + ("" if not p.get("switches") else " (" + ", ".join(
+                f"node {m['node']} → {m['to_phase']}" for m in p["switches"]) + ")")
+            + gain_s
+        )  # fmt: skip
+    else:
+        plan = html.escape(str(p.get("note", "-")))
+    return (
+        "<div style='background:#eef3fb;border-left:4px solid #3b6fb6;padding:4px 8px;"
+        "margin:4px 0'><b>shadow mode</b>: pdlab recommends, the fleet's own router acts "
+        f"(nothing switches unless asked)<br>router: {route}<br>planner "
+        f"({html.escape(str(p.get('name', '')))}, {p.get('mode', '')}): {plan}</div>"
+    )
+
+
 class NodeCard:
     """One node: a status block and a button switching it to the other phase."""
 
@@ -85,6 +122,12 @@ class NodeCard:
         )
         self.button.disabled = sw is not None
         self.button.button_style = "" if sw else "warning"
+        refusal = n.get("switch_refusal")  # an attached engine that cannot switch in place
+        if refusal:
+            self.button.disabled = True
+            self.button.description = f"node {n['id']}: no in-place switch"
+            self.button.tooltip = refusal
+            self.info.value += f"<br><small>{html.escape(str(n.get('kind', '')))} engine</small>"
 
 
 class ClusterDashboard:
@@ -133,6 +176,8 @@ class ClusterDashboard:
         self.apply_button.add_class("pdlab-apply")
         self.apply_button.on_click(lambda _b: self.apply_recommended())
         self.recommendation = w.HTML()
+        self.shadow = w.HTML()  # an attached fleet: what pdlab would do, never does
+        self.shadow.add_class("pdlab-shadow")
         self.policy = w.Dropdown(description="router", options=[])
         self.copy_price = w.FloatText(description="κ (s/token)", step=1e-7)
         self.router_button = w.Button(description="set router")
@@ -142,6 +187,7 @@ class ClusterDashboard:
         self.widget = w.VBox(
             [
                 w.HBox([self.header, self.lag_badge]),
+                self.shadow,
                 self.status,
                 self.cards_box,
                 w.HBox([self.split_plot, self.latency_plot]),
@@ -239,8 +285,12 @@ class ClusterDashboard:
         for plot in (self.split_plot, self.latency_plot, self.gains_plot):
             plot.redraw()
         self.recommendation.value = self._recommendation_text(planner, decision)
+        self.shadow.value = _shadow_text(s.get("shadow")) if s.get("mode") == "shadow" else ""
         self._syncing = True
         try:
+            modes = list(planner.get("modes") or self.mode.options)
+            if list(self.mode.options) != modes:
+                self.mode.options = modes
             self.mode.value = planner["mode"]
             router = s["router"]
             if list(self.policy.options) != router["policies"]:

@@ -28,6 +28,7 @@ from cluster.engines.shell import bootstrap as shell_bootstrap
 from cluster.engines.shell.loopback import LoopbackServer
 from cluster.engines.shell.scheduling import Finish, OnUpdate, Role, SchedulerThread, check_role
 from cluster.engines.shell.stamps import EMITTED, Stamps
+from cluster.engines.shell.serving_metrics import Load, MetricsStyle, ServingMetrics
 from cluster.sglang.wire.publisher import ZmqBatchPublisher
 
 S = TypeVar("S", bound=SchedulerThread[Any])
@@ -78,6 +79,7 @@ class EngineShell(Generic[S]):
     server_name = "engine's HTTP server"  # as a failed start names it
     # Where forward-pass metrics go by default: SGLang's IPC socket, or TCP on `host`.
     fpm_default: Literal["ipc", "tcp"] = "ipc"
+    metrics_style: MetricsStyle = "sglang"  # the names of GET /metrics
 
     def __init__(
         self, role: Role, *, transfer_timeout_s: float, **options: Unpack[ShellOptions]
@@ -117,6 +119,7 @@ class EngineShell(Generic[S]):
         self._inflight = 0
         self._inflight_lock = threading.Lock()
         self._started_at = 0.0
+        self.serving_metrics: ServingMetrics | None = None
 
     # ---- what an engine supplies ----------------------------------------------------------
     def _build_scheduler(self) -> S:
@@ -133,6 +136,10 @@ class EngineShell(Generic[S]):
         """Where finished prefills wait for their decode side (the bootstrap app's)."""
         raise NotImplementedError
 
+    def _fpm_publisher(self, endpoint: str) -> Any:
+        """Where the scheduler's per-pass metrics go (SGLang's FPM stream by default)."""
+        return ZmqBatchPublisher(endpoint)
+
     # ---- lifecycle ------------------------------------------------------------------------
     def start(self) -> EngineEndpoints:
         if self.kv_events:
@@ -140,16 +147,18 @@ class EngineShell(Generic[S]):
                 self.kv_events_endpoint,
                 replay_endpoint=self.kv_replay_endpoint,
                 topic=self.kv_topic,
+                replay_style="vllm" if self.metrics_style == "vllm" else "sglang",
             )
         if self.forward_metrics:
             endpoint = self.forward_metrics_endpoint
             if endpoint is None:  # SGLang's default: an IPC socket "{ipc_name}.{dp_rank}"
                 self._fpm_dir = tempfile.TemporaryDirectory(prefix="pdlab-fpm-")
                 endpoint = f"ipc://{Path(self._fpm_dir.name) / 'fpm'}.0"
-            self.fpm_publisher = ZmqBatchPublisher(endpoint)
+            self.fpm_publisher = self._fpm_publisher(endpoint)
         self._http = LoopbackServer(self._http_app(), self.host, self.port, name=self.server_name)
         self.port = self._http.port
         self.scheduler = self._build_scheduler()
+        self.serving_metrics = self._serving_metrics()
         if self.role == "prefill" or (self.role != "null" and self.enable_pd_role_switch):
             self._bootstrap = LoopbackServer(
                 self._bootstrap_app(), self.host, self.bootstrap_port, name=self.server_name
@@ -219,6 +228,11 @@ class EngineShell(Generic[S]):
         return self._max_body_bytes or body_limit(self.max_model_len)
 
     @property
+    def started_at(self) -> float:
+        """Unix time the engine started serving (0 before)."""
+        return self._started_at
+
+    @property
     def inflight(self) -> int:
         """HTTP generation requests being answered."""
         return self._inflight
@@ -234,6 +248,21 @@ class EngineShell(Generic[S]):
     def healthy(self) -> bool:
         """What GET /health says: the scheduler thread runs."""
         return self.sched.alive
+
+    def kv_usage(self) -> float:
+        """Fraction of the device KV blocks in use (GET /metrics); engines override it."""
+        return 0.0
+
+    def load(self) -> Load:
+        """(running, waiting, KV use) at this moment, for GET /metrics' gauges."""
+        sched = self.scheduler
+        if sched is None:
+            return 0, 0, 0.0
+        return len(sched.running), len(sched.waiting), self.kv_usage()
+
+    def _serving_metrics(self) -> ServingMetrics:
+        model = str(getattr(self, "served_model", "pdlab"))
+        return ServingMetrics(self.metrics_style, model, self.load)
 
     def kv_events_info(self, page_size: int) -> tuple[str | None, dict[str, Any] | None]:
         """/server_info's `kv_events_config` (JSON) and `kv_events` descriptor, as SGLang's."""

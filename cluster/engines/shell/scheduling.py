@@ -22,7 +22,7 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 import msgspec
 
 from cluster.sglang.wire.fpm import ForwardPassMetrics, encode_fpm
-from cluster.sglang.wire.kv_events import SGLangEvent, encode_batch
+from cluster.sglang.wire.kv_events import SGLangEvent, WireFormat, encode_batch
 from cluster.sglang.wire.publisher import ZmqBatchPublisher
 
 Role = Literal["null", "prefill", "decode"]
@@ -200,7 +200,10 @@ def publish_fpm(publisher: ZmqBatchPublisher | None, m: ForwardPassMetrics) -> N
         publisher.publish(encode_fpm(msgspec.structs.replace(m, counter_id=publisher.next_seq)))
 
 
-def publish_kv_events(publisher: ZmqBatchPublisher | None, events: Sequence[SGLangEvent]) -> None:
-    """Send the prefix cache's new events as one KVEventBatch (ts = wall time)."""
+def publish_kv_events(
+    publisher: ZmqBatchPublisher | None, events: Sequence[SGLangEvent], fmt: WireFormat = "sglang"
+) -> None:
+    """Send the prefix cache's new events as one KVEventBatch (ts = wall time), in SGLang's
+    wire format or another engine's (`kv_events.encode_batch`)."""
     if events and publisher is not None:
-        publisher.publish(encode_batch(events, time.time()))
+        publisher.publish(encode_batch(events, time.time(), fmt=fmt))

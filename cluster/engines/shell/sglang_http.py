@@ -1,6 +1,7 @@
 """SGLang 0.5.23's HTTP subset over any engine that meets `SGLangEngine` (SPEC §6).
 
-`sglang_app` serves /health, /health_generate, /server_info (/get_server_info),
+`sglang_app` serves /health, /health_generate, /metrics (SGLang's Prometheus names, when the
+engine has `serving_metrics`), /server_info (/get_server_info),
 /model_info (/get_model_info), /v1/tokenize (/tokenize), /generate (text or input_ids; SSE
 with "stream"), /v1/completions and /v1/chat/completions with SGLang's request fields,
 response shapes (meta_info with prompt_tokens, completion_tokens, cached_tokens; OpenAI
@@ -41,6 +42,7 @@ from cluster.engines.shell.http_input import (
 )
 from cluster.engines.shell.lifecycle import Update
 from cluster.engines.shell.stamps import RECEIVED, Stamps
+from cluster.engines.shell.serving_metrics import CONTENT_TYPE
 from cluster.sglang.wire import toy_tokenizer
 
 
@@ -104,6 +106,10 @@ def sglang_app(
             if fin is not None and fin.get("type") == "abort":
                 return Response(status_code=503)
         return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return metrics_response(engine)
 
     async def server_info() -> dict[str, Any]:
         return engine.server_info()
@@ -183,6 +189,37 @@ def _checked(engine: SGLangEngine, req: GenerateInput) -> GenerateInput:
     if problem is not None:
         raise BadRequest(problem)
     return req
+
+
+def metrics_response(engine: Any) -> Response:
+    """GET /metrics: the engine's Prometheus exposition (404 when it keeps none)."""
+    m = getattr(engine, "serving_metrics", None)
+    if m is None:
+        return Response(status_code=404)
+    return Response(m.render(), media_type=CONTENT_TYPE)
+
+
+async def observed(
+    engine: Any, n_in: int, it: AsyncGenerator[Update, None]
+) -> AsyncGenerator[Update, None]:
+    """Pass `it`'s updates on; when the answer finishes (not aborted) count it in the
+    engine's `serving_metrics` (prompt, cached, output tokens, TTFT, E2E). Closed early (the
+    client went away), it closes `it`, which aborts the request in the engine."""
+    t0 = time.monotonic()
+    first: float | None = None
+    last: Update | None = None
+    async with contextlib.aclosing(it):
+        async for item in it:
+            if first is None and item[0]:
+                first = time.monotonic()
+            last = item
+            yield item
+    m = getattr(engine, "serving_metrics", None)
+    fin = None if last is None else last[1]
+    if m is not None and last is not None and fin is not None and fin.get("type") != "abort":
+        now = time.monotonic()
+        reason = str(fin.get("type"))
+        m.observe(n_in, last[2], len(last[0]), (first or now) - t0, now - t0, reason)
 
 
 def native_error(message: str, status: int = 400) -> JSONResponse:
@@ -290,7 +327,7 @@ async def respond_native(
                 "e2e_latency": time.monotonic() - t0, RECEIVED: received, **stamps}  # fmt: skip
         return {"text": toy_tokenizer.decode(out_ids), "output_ids": out_ids, "meta_info": meta}
 
-    gen = engine.generate(ids, req.sampling, rid, body)
+    gen = observed(engine, len(ids), engine.generate(ids, req.sampling, rid, body))
     if req.stream:
         return _stream(engine, gen, lambda item: [_sse(out(*item))])
     answered, last = await until_disconnected(request, _collect(engine, gen))
@@ -327,7 +364,7 @@ async def respond_openai(
             c["message"] = {"role": "assistant", "content": text}
         return c
 
-    gen = engine.generate(ids, req.sampling, rid, body)
+    gen = observed(engine, len(ids), engine.generate(ids, req.sampling, rid, body))
     if req.stream:
         sent = 0
 

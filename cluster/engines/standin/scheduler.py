@@ -42,6 +42,7 @@ from cluster.sglang.wire.fpm import (
     QueuedRequestMetrics,
     ScheduledRequestMetrics,
 )
+from cluster.sglang.wire.kv_events import WireFormat
 from cluster.sglang.wire.publisher import ZmqBatchPublisher
 from models import DecodeModel, PrefillModel
 
@@ -90,6 +91,7 @@ class SchedulerConfig:
     time_scale: float = 1.0
     decode_radix_cache: bool = False
     worker_id: str = ""
+    kv_wire_format: WireFormat = "sglang"  # "vllm": the vLLM stand-in's KV events
 
 
 class StandinScheduler(SchedulerThread[StandinRequest]):
@@ -311,4 +313,4 @@ class StandinScheduler(SchedulerThread[StandinRequest]):
         )
 
     def _publish_kv_events(self) -> None:
-        publish_kv_events(self.kv_publisher, self.cache.take_events())
+        publish_kv_events(self.kv_publisher, self.cache.take_events(), self.config.kv_wire_format)

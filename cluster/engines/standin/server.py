@@ -18,7 +18,9 @@ prefill's bootstrap server).
     ...
     engine.stop()
 
-or `python -m cluster.engines.standin.server --role prefill --port 30000`.
+or `python -m cluster.engines.standin.server --role prefill --port 30000`. With
+`wire="vllm"` (`--wire vllm`) it speaks vLLM instead (`vllm_http`: vLLM's routes, /metrics
+names, KV event format, NIXL-style P/D hand-off, pdlab's vLLM step stream).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import time
 from collections import deque
 from collections.abc import AsyncGenerator
 from dataclasses import replace
-from typing import Any, Unpack
+from typing import Any, Literal, Unpack
 
 from fastapi import FastAPI
 
@@ -41,6 +43,7 @@ from cluster.engines.shell.guard import TOKEN_ENV
 from cluster.engines.shell.lifecycle import EngineEndpoints, EngineShell, ShellOptions, Update
 from cluster.engines.shell.scheduling import ROLES, OnUpdate, Role
 from cluster.engines.shell.stamps import KV_RECEIVED, QUEUED, Stamps, stamp
+from cluster.engines.shell.serving_metrics import ServingMetrics
 from cluster.engines.standin.bootstrap import RoomRegistry, bootstrap_app, wait_for_prefill
 from cluster.engines.standin.http_api import standin_app
 from cluster.engines.standin.scheduler import SchedulerConfig, StandinRequest, StandinScheduler
@@ -65,10 +68,17 @@ class StandinEngine(EngineShell[StandinScheduler]):
         model_path: str = DEFAULT_MODEL,
         transfer_timeout_s: float = 30.0,
         free_gpu_memory_gb: float = 80.0,
+        wire: Literal["sglang", "vllm"] = "sglang",
         **options: Unpack[ShellOptions],
     ) -> None:
+        if wire not in ("sglang", "vllm"):
+            raise ValueError(f"wire must be sglang or vllm, got {wire!r}")
+        self.wire = wire
+        self.metrics_style = wire  # GET /metrics under SGLang's or vLLM's names
         super().__init__(role, transfer_timeout_s=transfer_timeout_s, **options)
         self.config = config or SchedulerConfig()
+        if wire == "vllm":
+            self.config = replace(self.config, kv_wire_format="vllm")
         self.model_path = model_path
         self.free_gpu_memory_gb = free_gpu_memory_gb  # what a decode-graph capture may use
         self.decode_graphs_captured = role == "decode"
@@ -91,10 +101,28 @@ class StandinEngine(EngineShell[StandinScheduler]):
         )
 
     def _http_app(self) -> FastAPI:
+        if self.wire == "vllm":
+            from cluster.engines.standin.vllm_http import vllm_app
+
+            return vllm_app(self)
         return standin_app(self)
 
     def _registry(self) -> RoomRegistry:
         return self.rooms
+
+    def _fpm_publisher(self, endpoint: str) -> Any:
+        if self.wire == "vllm":  # pdlab's vLLM stat-logger stream instead of SGLang's FPM
+            from cluster.engines.standin.vllm_http import StepsPublisher
+
+            return StepsPublisher(endpoint, self)
+        return super()._fpm_publisher(endpoint)
+
+    def _serving_metrics(self) -> ServingMetrics:
+        cfg = self.config
+        return ServingMetrics(
+            self.metrics_style, self.served_model, self.load,
+            block_size=cfg.page_size, num_gpu_blocks=cfg.capacity_pages,
+        )  # fmt: skip
 
     def _bootstrap_app(self) -> FastAPI:
         return bootstrap_app(
@@ -114,6 +142,10 @@ class StandinEngine(EngineShell[StandinScheduler]):
     @property
     def serving_role(self) -> str:
         return self.sched.role
+
+    def kv_usage(self) -> float:
+        cache = self.sched.cache
+        return (cache.num_pages + cache.reserved_pages) / cache.capacity_pages
 
     def model_info(self) -> dict[str, Any]:
         return {
@@ -252,6 +284,7 @@ def main(argv: list[str] | None = None) -> None:
         help=f"bearer token of the mutating routes (default ${TOKEN_ENV}; none: like SGLang "
         "without --api-key, mutations need only a JSON body)",
     )
+    p.add_argument("--wire", choices=("sglang", "vllm"), default="sglang")
     a = p.parse_args(argv)
     if a.token is not None and not a.token.strip():
         p.error(f"the token is empty: pass --token or set ${TOKEN_ENV}")
@@ -266,6 +299,7 @@ def main(argv: list[str] | None = None) -> None:
         bootstrap_port=a.bootstrap_port,
         enable_pd_role_switch=a.enable_pd_role_switch,
         token=a.token,
+        wire=a.wire,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -94,6 +94,10 @@ class TorchEngine(EngineShell[Scheduler]):
     def serving_role(self) -> str:
         return self.sched.role
 
+    def kv_usage(self) -> float:
+        pages = self.config.gpu_pages
+        return self.sched.cache.gpu_used_pages / pages if pages else 0.0
+
     def model_info(self) -> dict[str, Any]:
         m = self.config.model
         return {

@@ -10,10 +10,11 @@ payload is a msgpack batch. What is verified against the sources (see the module
   "BlockRemoved", "block_hashes", "medium"?}``, ``{"type": "AllBlocksCleared"}``; hashes are
   signed int64; `medium` is "GPU" | "CPU_PINNED" | "DISK" | "EXTERNAL".
 - vLLM (`vllm/distributed/kv_events.py`): the same tagged-map events with more optional
-  fields (`lora_name`, `extra_keys`, `group_idx`, ...); hashes are `bytes | int` (sha256 bytes
-  by default, unsigned 64-bit ints with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES); the batch is
+  fields (`lora_name`, `extra_keys`, `group_idx`, `kv_cache_spec_kind`,
+  `kv_cache_spec_sliding_window`); hashes are `bytes | int` (sha256 bytes by default,
+  unsigned 64-bit ints with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES); the batch is
   ``[ts, events, data_parallel_rank]`` in releases with `array_like`, a map with those keys
-  in later ones. Older releases of both sent events as tagged *arrays* (tag first, then the
+  in later ones (main since 2025; tested in tests/cluster/sglang/test_vllm_kv_events.py). Older releases of both sent events as tagged *arrays* (tag first, then the
   fields in declaration order); this decoder accepts all of these.
 
 Decoding is lenient by design: unknown fields are ignored, missing optional fields take
@@ -129,6 +130,8 @@ class VLLMBlockStored(msgspec.Struct, tag="BlockStored", omit_defaults=True, gc=
     lora_name: str | None
     extra_keys: list[Any] | None = None
     group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
 
 
 class VLLMBlockRemoved(msgspec.Struct, tag="BlockRemoved", omit_defaults=True, gc=False):
