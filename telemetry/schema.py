@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from telemetry.schema_imported import imported_tables
 from telemetry.columns import RUN_ID, Column
 from telemetry.columns import column as _c
+from telemetry.schema_imported import imported_tables
 from telemetry.schema_serving import CPU, OVERHEAD, SERVING_TABLES
 
 SCHEMA_VERSION = 1

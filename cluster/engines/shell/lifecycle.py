@@ -27,8 +27,8 @@ from fastapi import FastAPI
 from cluster.engines.shell import bootstrap as shell_bootstrap
 from cluster.engines.shell.loopback import LoopbackServer
 from cluster.engines.shell.scheduling import Finish, OnUpdate, Role, SchedulerThread, check_role
-from cluster.engines.shell.stamps import EMITTED, Stamps
 from cluster.engines.shell.serving_metrics import Load, MetricsStyle, ServingMetrics
+from cluster.engines.shell.stamps import EMITTED, Stamps
 from cluster.sglang.wire.publisher import ZmqBatchPublisher
 
 S = TypeVar("S", bound=SchedulerThread[Any])

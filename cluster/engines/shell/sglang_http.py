@@ -41,8 +41,8 @@ from cluster.engines.shell.http_input import (
     until_disconnected,
 )
 from cluster.engines.shell.lifecycle import Update
-from cluster.engines.shell.stamps import RECEIVED, Stamps
 from cluster.engines.shell.serving_metrics import CONTENT_TYPE
+from cluster.engines.shell.stamps import RECEIVED, Stamps
 from cluster.sglang.wire import toy_tokenizer
 
 

@@ -42,8 +42,8 @@ from fastapi import FastAPI
 from cluster.engines.shell.guard import TOKEN_ENV
 from cluster.engines.shell.lifecycle import EngineEndpoints, EngineShell, ShellOptions, Update
 from cluster.engines.shell.scheduling import ROLES, OnUpdate, Role
-from cluster.engines.shell.stamps import KV_RECEIVED, QUEUED, Stamps, stamp
 from cluster.engines.shell.serving_metrics import ServingMetrics
+from cluster.engines.shell.stamps import KV_RECEIVED, QUEUED, Stamps, stamp
 from cluster.engines.standin.bootstrap import RoomRegistry, bootstrap_app, wait_for_prefill
 from cluster.engines.standin.http_api import standin_app
 from cluster.engines.standin.scheduler import SchedulerConfig, StandinRequest, StandinScheduler
