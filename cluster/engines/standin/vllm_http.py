@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from cluster.engines.shell.http_input import BadRequest, openai_input, read_json
 from cluster.engines.shell.sglang_http import (
     metrics_response,
     openai_error,
-    openai_sampling,
     respond_openai,
 )
 from cluster.sglang.wire import toy_tokenizer
@@ -126,14 +126,11 @@ def vllm_app(engine: StandinEngine) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        body = await request.json()
-        prompt = body.get("prompt")
-        if isinstance(prompt, str):
-            ids = toy_tokenizer.encode(prompt)
-        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-            ids = list(prompt)
-        else:
-            return openai_error("prompt must be a non-empty string or a list of token ids")
+        try:
+            body = await read_json(request)
+            req = openai_input(body, chat=False, max_fields=("max_tokens",), default_max=16)
+        except BadRequest as e:
+            return openai_error(str(e))
         body["_route"] = "/v1/completions"
         role = engine.serving_role
         params = body.get("kv_transfer_params") or {}
@@ -148,8 +145,7 @@ def vllm_app(engine: StandinEngine) -> FastAPI:
             body["bootstrap_host"] = params.get("remote_host")
             body["bootstrap_port"] = params.get("remote_port")
             body["bootstrap_room"] = int(params.get("remote_request_id", -1))
-        sp = openai_sampling(body, ("max_tokens",), 16)
-        resp = await respond_openai(engine, ids, sp, body, chat=False)
+        resp = await respond_openai(engine, request, req, body, chat=False)
         if role != "prefill" or resp.status_code != 200 or body.get("stream"):
             return resp
         doc = json.loads(bytes(resp.body))
@@ -167,15 +163,15 @@ def vllm_app(engine: StandinEngine) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        body = await request.json()
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            return openai_error("messages must be a non-empty list")
+        try:
+            body = await read_json(request)
+            fields = ("max_completion_tokens", "max_tokens")
+            req = openai_input(body, chat=True, max_fields=fields, default_max=128)
+        except BadRequest as e:
+            return openai_error(str(e))
         if engine.serving_role != "null":
             return openai_error("P/D instances take /v1/completions through the proxy")
-        ids = toy_tokenizer.encode(toy_tokenizer.chat_template(messages))
         body["_route"] = "/v1/chat/completions"
-        sp = openai_sampling(body, ("max_completion_tokens", "max_tokens"), 128)
-        return await respond_openai(engine, ids, sp, body, chat=True)
+        return await respond_openai(engine, request, req, body, chat=True)
 
     return app
