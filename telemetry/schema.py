@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from telemetry.schema_groups import GROUP_TABLES
+
 SCHEMA_VERSION = 1
 META_TABLE = "pdlab_meta"
 FINALIZED_TABLE = "pdlab_live_finalized"
@@ -448,6 +450,12 @@ TABLES: dict[str, tuple[Column, ...]] = {
             nonnegative=True,
         ),
     ),
+}
+
+# Tables of DP×EP engine groups (telemetry.schema_groups), each row on a node (DP rank).
+TABLES |= {
+    name: (RUN_ID, NODE, *(_c(n, sql, doc, unit, **kw) for n, sql, doc, unit, kw in specs))
+    for name, specs in GROUP_TABLES.items()
 }
 
 # Columns whose values must be finite (no NaN/inf) when present.

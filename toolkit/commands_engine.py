@@ -7,6 +7,15 @@ metrics (`cluster.engines.torch`); list such engines in a cluster file and `pdla
 exit 0) on SIGTERM, SIGHUP or Ctrl-C — and, with `--parent-pid`, when that process is gone
 (`pdlab serve --engines torch` passes its own pid, so even a `kill -9` of the server leaves
 no engine behind). torch is imported inside the command so `pdlab --help` stays fast.
+
+`--dp N [--ep N]` serves the model from a group of N engine processes, one per DP rank,
+behind one front end on `--port` with the same HTTP API (`cluster.engines.torch.dp_group`):
+each rank schedules its own requests and KV; with `--ep N` the MoE experts are split over
+the ranks, every MoE layer dispatches tokens to their experts' ranks and back (gloo on CPU,
+NCCL on CUDA) and idle ranks run dummy passes so the ranks step together, as vLLM's DP+EP
+engines do. The front end sends each request to the least loaded rank (vLLM's rule:
+min 4·waiting + running). `--log-dir` keeps every rank's passes, MoE layer loads and
+requests (JSON lines; `scripts/ep_group_run.py` stores them in DuckDB).
 """
 
 from __future__ import annotations
@@ -15,10 +24,14 @@ import json
 import os
 import signal
 import threading
+from typing import TYPE_CHECKING
 
 import typer
 
 from cluster.core import ConfigError
+
+if TYPE_CHECKING:
+    from cluster.engines.torch.config import EngineConfig
 
 
 def engine_command(
@@ -48,6 +61,16 @@ def engine_command(
     parent_pid: int | None = typer.Option(
         None, "--parent-pid", help="Stop when this process is gone (the launcher's pid)."
     ),
+    dp: int = typer.Option(1, "--dp", help="Data-parallel ranks (engine processes) of a group."),
+    ep: int = typer.Option(
+        1, "--ep", help="Expert-parallel degree: 1, or --dp to split the experts over the ranks."
+    ),
+    dp_sync_interval: int = typer.Option(
+        32, "--dp-sync-interval", help="Steps between the ranks' 'all done?' all-reduce (vLLM 32)."
+    ),
+    log_dir: str | None = typer.Option(
+        None, "--log-dir", help="A group's per-rank logs of passes, MoE loads and requests."
+    ),
 ) -> None:
     """Serve one torch engine (SGLang's HTTP API, KV events, forward-pass metrics)."""
     import zmq
@@ -57,6 +80,9 @@ def engine_command(
 
     if role not in ("null", "prefill", "decode"):
         typer.echo(f"error: --role must be null, prefill or decode, got {role!r}", err=True)
+        raise typer.Exit(2)
+    if (dp > 1 or ep > 1 or log_dir) and role != "null":
+        typer.echo("error: a --dp/--ep group serves --role null only (collocated)", err=True)
         raise typer.Exit(2)
     try:
         cfg = EngineConfig(
@@ -72,6 +98,9 @@ def engine_command(
             dtype=dtype,
             num_threads=threads,
         )
+        if dp > 1 or ep > 1 or log_dir:
+            _serve_group(cfg, dp, ep, host, port, dp_sync_interval, log_dir, parent_pid)
+            return
         engine = TorchEngine(
             cfg,
             role,  # type: ignore[arg-type]
@@ -102,3 +131,38 @@ def engine_command(
                 break  # the launcher is gone (this process was reparented)
     finally:
         engine.stop()
+
+
+def _serve_group(
+    cfg: EngineConfig,
+    dp: int,
+    ep: int,
+    host: str,
+    port: int,
+    sync_interval: int,
+    log_dir: str | None,
+    parent_pid: int | None,
+) -> None:
+    """`pdlab engine --dp N --ep E`: the group's ranks, coordinator and front end."""
+    from cluster.engines.torch.dp_group import DPGroup
+
+    group = DPGroup(cfg, dp, ep, host=host, port=port, log_dir=log_dir,
+                    sync_interval=sync_interval)  # fmt: skip
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        endpoints = group.start()
+    except (OSError, RuntimeError) as err:
+        typer.echo(f"error: cannot start the DP group: {err}", err=True)
+        raise typer.Exit(2) from None
+    print(f"pdlab engine ready: {json.dumps(endpoints._asdict())}", flush=True)
+    try:
+        while not stop.wait(0.1):
+            if parent_pid is not None and os.getppid() != parent_pid:
+                break
+            if not group.alive():
+                typer.echo("error: a DP rank exited; stopping the group", err=True)
+                break
+    finally:
+        group.stop()

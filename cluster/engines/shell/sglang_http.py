@@ -281,7 +281,7 @@ async def respond_openai(
     engine: SGLangEngine, ids: list[int], sp: dict[str, Any], body: dict[str, Any], chat: bool
 ) -> Response:
     """/v1/completions and /v1/chat/completions answers (and their SSE chunks)."""
-    rid, created = uuid.uuid4().hex, int(time.time())
+    rid, created = str(body.get("rid") or uuid.uuid4().hex), int(time.time())  # SGLang's rid
     model = str(body.get("model") or engine.served_model)
     kind = "chat.completion" if chat else "text_completion"
 
