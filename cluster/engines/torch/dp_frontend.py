@@ -140,17 +140,11 @@ def create_frontend_app(
         if not isinstance(body, dict):
             return JSONResponse({"error": {"message": "the body must be an object"}}, 400)
         asked = request.headers.get(RANK_HEADER, body.pop("data_parallel_rank", None))
-        if asked is not None:
-            try:
-                asked = int(asked)
-                if not 0 <= asked < len(rank_urls):
-                    raise ValueError
-            except (TypeError, ValueError):
-                msg = (
-                    f"data-parallel rank must be an integer in [0, {len(rank_urls)}), got {asked!r}"
-                )
-                return JSONResponse({"error": {"message": msg}}, status_code=400)
-        rank = balancer.choose(asked)
+        named = _rank(asked, len(rank_urls))
+        if asked is not None and named is None:
+            msg = f"data-parallel rank must be an integer in [0, {len(rank_urls)}), got {asked!r}"
+            return JSONResponse({"error": {"message": msg}}, status_code=400)
+        rank = balancer.choose(named)
         rid = body["rid"] = str(body.get("rid") or uuid.uuid4().hex)
         req = client().build_request("POST", rank_urls[rank] + request.url.path, json=body)
         try:
@@ -176,3 +170,12 @@ def create_frontend_app(
     for path in GENERATE_ROUTES:
         app.api_route(path, methods=["POST", "PUT"] if path == "/generate" else ["POST"])(generate)
     return app
+
+
+def _rank(asked: object, n: int) -> int | None:
+    """A named rank in [0, n), or None (absent or invalid)."""
+    try:
+        rank = int(str(asked)) if asked is not None else None
+    except ValueError:
+        return None
+    return rank if rank is not None and 0 <= rank < n else None

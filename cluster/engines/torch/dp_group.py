@@ -138,6 +138,8 @@ class DPGroup:
                     tail = rank.stderr_path.read_text()[-1500:]
                     raise RuntimeError(f"DP rank {r} did not start: {tail}")
         self.coordinator.start([rk.ready["control"] for rk in self.ranks])
+        if self.log_dir is not None:
+            (self.log_dir / "group.json").write_text(json.dumps(self.describe(), indent=1))
         urls = [str(rk.ready["http_url"]) for rk in self.ranks]
         app = create_frontend_app(urls, self.balancer, self.coordinator, FrontendLog(self.log_dir))
         self._front = LoopbackServer(app, self.host, self.port, name="DP group front end")
@@ -146,6 +148,20 @@ class DPGroup:
         self.endpoints = GroupEndpoints(f"http://{self.host}:{self.port}",
                                         [rk.ready for rk in self.ranks])  # fmt: skip
         return self.endpoints
+
+    def describe(self) -> dict[str, Any]:
+        """The group's settings (written to `group.json` in the log directory)."""
+        from dataclasses import asdict
+
+        return {"engine": asdict(self.config), "dp": self.dp, "ep": self.ep, "tp": 1,
+                "role": self.role, "sync_interval": self.sync_interval,
+                "stats_interval_s": self.coordinator.stats_interval_s,
+                "load_balance": "vLLM DPLBAsyncMPClient: least 4*waiting + running, first "
+                "rank on ties, counts from the ranks every stats_interval_s",
+                "all_to_all": "gloo" if self.config.device == "cpu" else "nccl",
+                "cpu_count": os.cpu_count(), "load_avg": list(os.getloadavg()),
+                "wall_s": time.time(), "monotonic_s": time.monotonic(),
+                "ranks": [rk.ready for rk in self.ranks]}  # fmt: skip
 
     def alive(self) -> bool:
         return bool(self.ranks) and all(rk.proc.poll() is None for rk in self.ranks)
