@@ -114,6 +114,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-dir", type=Path, default=None, help="keep the group's logs here")
+    p.add_argument(
+        "--bundle",
+        action="store_true",
+        help="also export the run to toolkit/data/torch_ep_group/RUN_ID/",
+    )
     p.add_argument("--interconnect", type=Path, default=None,
                    help="link.json of a measured profile (all-to-all latency, bandwidth)")  # fmt: skip
     a = p.parse_args(argv)
@@ -148,7 +153,13 @@ def main(argv: list[str] | None = None) -> None:
         run = read_group_run(log_dir, a.run_id, interconnect=link,
                              extra_config={"workload": workload_doc})  # fmt: skip
         write_group_run(a.db, run)
-    print(json.dumps(summarize(a.db, a.run_id), indent=1))
+    summary = summarize(a.db, a.run_id)
+    if a.bundle:
+        from toolkit.torch_ep_group import BUNDLE_DIR, write_bundle
+
+        write_bundle(a.db, a.run_id)
+        (BUNDLE_DIR / a.run_id / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":

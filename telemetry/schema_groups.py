@@ -44,5 +44,7 @@ GROUP_TABLES: dict[str, tuple[ColumnSpec, ...]] = {
          "whatever number of its top-k experts the node owns)", _TOK, {"nonnegative": True}),
         ("experts_activated", "INTEGER", "distinct experts of the node that ran", "experts",
          {"nonnegative": True}),
+        ("comm_s", "DOUBLE", "time in the layer's collectives (counts, dispatch, combine), "
+         "waits for the other ranks included", _S, {"nullable": True, "nonnegative": True}),
     ),
 }  # fmt: skip

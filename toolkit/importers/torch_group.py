@@ -150,7 +150,7 @@ def _pass_tables(logs: dict[str, list[dict[str, Any]]], t0: float) -> dict[str, 
     for x in logs.get("layer", []):
         add("moe_layer_loads", node_id=x["rank"], pass_id=x["pass_id"], layer=x["layer"],
             tokens_in=x["tokens_in"], tokens_received=x["tokens_received"],
-            experts_activated=x["experts_activated"])  # fmt: skip
+            experts_activated=x["experts_activated"], comm_s=x.get("comm_s"))  # fmt: skip
     return tabs
 
 

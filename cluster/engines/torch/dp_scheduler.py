@@ -204,7 +204,7 @@ class RankScheduler(Scheduler):
         for layer, load in enumerate(out.layer_loads):
             lg.add("layer", pass_id=self._pass_id, layer=layer, tokens_in=load.tokens_in,
                    tokens_received=load.tokens_received,
-                   experts_activated=load.experts_activated)  # fmt: skip
+                   experts_activated=load.experts_activated, comm_s=load.comm_s)  # fmt: skip
 
     def _progress(self, req: EngineRequest, now: float) -> None:
         info = self._reqs.get(req.rid)

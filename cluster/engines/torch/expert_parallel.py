@@ -17,11 +17,13 @@ Every rank computes its experts in ascending order, and the origin adds the rank
 sums in rank order, so with top-2 routing (or all of a token's experts on one rank) each
 output row is added up in the same order as the single-process layer (`model.MoEFFN`): the
 all-to-all itself moves rows exactly. What a layer did on a rank is kept as a `LayerLoad`
-(tokens entering it, tokens received after dispatch, distinct local experts run).
+(tokens entering it, tokens received after dispatch, distinct local experts run, seconds
+in its collectives).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -78,6 +80,7 @@ class LayerLoad(NamedTuple):
     tokens_in: int  # this rank's tokens entering the layer
     tokens_received: int  # tokens dispatched to this rank (each once, whatever its slots)
     experts_activated: int  # distinct local experts that ran
+    comm_s: float = 0.0  # in the layer's collectives, waits for the other ranks included
 
 
 class EPComm:
@@ -87,14 +90,17 @@ class EPComm:
         self.placement = placement
         self.group = group
         self.loads: list[LayerLoad] = []
+        self.comm_s = 0.0  # in collectives since the last layer was recorded
 
     def take_loads(self) -> list[LayerLoad]:
         out, self.loads = self.loads, []
         return out
 
     def _a2a(self, rows: torch.Tensor, send: list[int], recv: list[int]) -> torch.Tensor:
+        t0 = time.perf_counter()
         out = rows.new_empty((sum(recv), *rows.shape[1:]))
         dist.all_to_all_single(out, rows.contiguous(), recv, send, group=self.group)
+        self.comm_s += time.perf_counter() - t0
         return out
 
     def dispatch(
@@ -102,9 +108,11 @@ class EPComm:
     ) -> tuple[torch.Tensor, list[int]]:
         """Send rows[i] to their ranks (`send_counts` per rank, in rank order); returns the
         rows received (in source-rank order) and how many came from each rank."""
+        t0 = time.perf_counter()
         recv_counts = torch.empty_like(send_counts)
         dist.all_to_all_single(recv_counts, send_counts, group=self.group)
-        send, recv = send_counts.tolist(), recv_counts.tolist()
+        send, recv = send_counts.tolist(), recv_counts.tolist()  # (synchronizes on CUDA)
+        self.comm_s += time.perf_counter() - t0
         return self._a2a(rows, send, recv), recv
 
     def combine(self, rows: torch.Tensor, recv: list[int], send: list[int]) -> torch.Tensor:
@@ -142,18 +150,29 @@ def ep_moe_forward(moe: MoEFFN, x: torch.Tensor, comm: EPComm) -> tuple[torch.Te
     payload = torch.cat((x[token], ids.to(x.dtype), weight[token]), dim=1)  # [n, d + 2k]
     recv, recv_counts = comm.dispatch(payload, sends.sum(-1))
     xr, rid, rw = recv[:, :d], recv[:, d : d + k].round().long(), recv[:, d + k :]
+    partial, activated = local_experts(moe, xr, rid, rw, p.first)
+    back = comm.combine(partial, recv_counts, sends.sum(-1).tolist())
+    out = torch.zeros_like(x)
+    out.index_add_(0, token, back)  # rank order per token
+    comm.loads.append(LayerLoad(t, int(recv.shape[0]), activated, comm.comm_s))
+    comm.comm_s = 0.0
+    return out, routed
+
+
+def local_experts(
+    moe: MoEFFN, xr: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, first: int
+) -> tuple[torch.Tensor, int]:
+    """This rank's experts over the received tokens `xr` [n, d]: per token the weighted sum
+    of its experts held here (`ids` [n, k] global expert ids, -1 or another rank's where not
+    ours; `moe.w_*[j]` is expert first + j), and how many distinct experts ran."""
     partial = torch.zeros_like(xr)
     activated = 0
-    for j, e in enumerate(p.owned()):  # ascending: each row adds its experts in order
-        rows, slots = (rid == e).nonzero(as_tuple=True)
+    for j in range(moe.w_gate.shape[0]):  # ascending: each row adds its experts in order
+        rows, slots = (ids == first + j).nonzero(as_tuple=True)
         if rows.numel() == 0:
             continue
         activated += 1
         xs = xr[rows]
         y = (F.silu(xs @ moe.w_gate[j]) * (xs @ moe.w_up[j])) @ moe.w_down[j]
-        partial.index_add_(0, rows, y * rw[rows, slots, None])
-    back = comm.combine(partial, recv_counts, sends.sum(-1).tolist())
-    out = torch.zeros_like(x)
-    out.index_add_(0, token, back)  # rank order per token
-    comm.loads.append(LayerLoad(t, int(recv.shape[0]), activated))
-    return out, routed
+        partial.index_add_(0, rows, y * weights[rows, slots, None])
+    return partial, activated

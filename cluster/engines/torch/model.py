@@ -226,16 +226,17 @@ class Transformer(nn.Module):
         return None if comm is None else comm.placement
 
     @torch.inference_mode()
-    def dummy_forward(self) -> list[int]:
-        """One token (id 0 at position 0) through every layer, attending to itself, no KV
-        written, no logits: an idle DP rank's part of the group's collectives."""
+    def dummy_forward(self, num_tokens: int = 1) -> list[int]:
+        """Token id 0 at position 0 through every layer, attending to itself, no KV
+        written, no logits: an idle DP rank's part of the group's collectives (one token;
+        more to time the collectives between layers of a given size)."""
         device = self.embed.weight.device
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             # One key: the softmax is 1, each query head gets its KV head's value.
             return v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
 
-        zero = torch.zeros(1, dtype=torch.long, device=device)
+        zero = torch.zeros(num_tokens, dtype=torch.long, device=device)
         return self._run(zero, zero, attend, zero[:0])[1]
 
     @torch.inference_mode()

@@ -12,7 +12,8 @@ directory; every line is one row `{"table": ..., ...}` of
   `ctx_tokens` (decode), `experts_active` (distinct experts this rank's tokens were
   routed to, mean over MoE layers);
 - `layer`: per pass and MoE layer, `tokens_in` (this rank's tokens), `tokens_received`
-  (tokens dispatched to this rank) and `experts_activated` (its own experts that ran);
+  (tokens dispatched to this rank), `experts_activated` (its own experts that ran) and
+  `comm_s` (seconds in the layer's collectives, waits for the other ranks included);
 - `request`: per request the rank served — `rid`, `t_queued` (taken in by the
   scheduler), `t_prefill_start`, `t_first_token`, `t_done`, `t_in`, `t_c`, `t_out`,
   `finish`;
