@@ -165,28 +165,29 @@ class _Ops:
 
     def moe(self, tokens: int, experts: int, reps: int) -> float:
         ffn: MoEFFN = self.block.ffn  # type: ignore[assignment]
-        k, per = ffn.top_k, ffn.w_gate.shape[0]
-        rng = torch.Generator().manual_seed(tokens * 131 + experts)
-        slots = local_slots(k, self.ep)
-        # Each token takes 1 + Bernoulli local slots with the right mean, over `experts`
-        # of the rank's experts (every one of them used when there are enough slots).
-        extra = torch.rand(tokens, generator=rng) < min(slots - 1.0, k - 1.0) / max(k - 1, 1)
-        n_slots = (1 + extra.long() * (k - 1)).clamp(max=min(k, experts))
-        ids = torch.full((tokens, k), -1, dtype=torch.long)
-        order = torch.randperm(tokens * k, generator=rng) % experts
-        c = 0
-        for i in range(tokens):
-            chosen: list[int] = []
-            while len(chosen) < int(n_slots[i]):
-                e = int(order[c % len(order)])
-                c += 1
-                if e not in chosen:
-                    chosen.append(e)
-            ids[i, : len(chosen)] = torch.tensor(chosen)
-        w = torch.rand(tokens, k, generator=rng)
+        assert ffn.w_gate.shape[0] >= experts
+        ids = synthetic_routing(tokens, experts, ffn.top_k, self.ep, seed=tokens * 131 + experts)
+        w = torch.rand(tokens, ffn.top_k, generator=self.g)
         x = self.x(tokens)
-        assert per >= experts
         return timed_us(lambda: local_experts(ffn, x, ids, w, 0), reps)
+
+
+def synthetic_routing(tokens: int, experts: int, k: int, ep: int, seed: int = 0) -> torch.Tensor:
+    """[tokens, k] expert ids (-1: another rank's slot) of tokens dispatched to one rank:
+    each takes 1 + Bernoulli·(k − 1) local slots with mean `local_slots(k, ep)` (at most
+    `experts`), drawn over experts 0..experts−1 in turn so that all of them are used
+    whenever the tokens have that many slots."""
+    rng = torch.Generator().manual_seed(seed)
+    p_more = (min(local_slots(k, ep), float(experts)) - 1.0) / max(k - 1, 1)
+    more = torch.rand(tokens, generator=rng) < p_more
+    n_slots = (1 + more.long() * (k - 1)).clamp(max=min(k, experts)).tolist()
+    ids = torch.full((tokens, k), -1, dtype=torch.long)
+    nxt = 0
+    for i, n in enumerate(n_slots):
+        chosen = [(nxt + j) % experts for j in range(n)]  # distinct: n <= experts
+        nxt = (nxt + n) % experts
+        ids[i, :n] = torch.tensor(chosen)
+    return ids
 
 
 def measure_profile(

@@ -163,6 +163,13 @@ def test_every_pass_and_moe_layer_is_logged_and_stored(group, tmp_path: Path) ->
     assert (engine["data_parallel_size"], engine["expert_parallel_size"]) == (2, 2)
     assert engine["num_gpu_blocks"] == 256 and engine["mixed_prefill_decode"] is False
     con.close()
+    from toolkit.torch_ep_group import ep_group_db, write_bundle
+
+    write_bundle(db, "ep2", bundle=tmp_path / "bundle")  # what --bundle keeps in the repo
+    again = duckdb.connect(str(ep_group_db(tmp_path / "again.duckdb", tmp_path / "bundle")))
+    assert again.execute("SELECT count(*) FROM moe_layer_loads").fetchall() == [(len(layers),)]
+    assert again.execute("SELECT count(*) FROM requests").fetchall() == [(len(reqs),)]
+    again.close()
 
 
 def test_balancer_is_vllms_least_loaded_rule() -> None:
