@@ -128,7 +128,8 @@ def test_every_pass_and_moe_layer_is_logged_and_stored(group, tmp_path: Path) ->
     from toolkit.importers.torch_group import read_group_run, write_group_run
 
     _g, url, logs = group
-    _generate(url, _prompt(33, 9), 5)
+    for rank in (0, 1):
+        _generate(url, _prompt(33, 9 + rank), 5, rank=rank)
     time.sleep(1.5)
     tabs = read_rank_logs(logs)
     layers = tabs["layer"]
