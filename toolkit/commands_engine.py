@@ -31,7 +31,7 @@ import typer
 from cluster.core import ConfigError
 
 if TYPE_CHECKING:
-    from cluster.engines.torch.config import EngineConfig
+    from cluster.engines.torch.dp_group import DPGroup
 
 
 def engine_command(
@@ -76,13 +76,11 @@ def engine_command(
     import zmq
 
     from cluster.engines.torch.config import EngineConfig, preset
+    from cluster.engines.torch.dp_group import DPGroup
     from cluster.engines.torch.engine import TorchEngine
 
     if role not in ("null", "prefill", "decode"):
         typer.echo(f"error: --role must be null, prefill or decode, got {role!r}", err=True)
-        raise typer.Exit(2)
-    if (dp > 1 or ep > 1 or log_dir) and role != "null":
-        typer.echo("error: a --dp/--ep group serves --role null only (collocated)", err=True)
         raise typer.Exit(2)
     try:
         cfg = EngineConfig(
@@ -99,7 +97,10 @@ def engine_command(
             num_threads=threads,
         )
         if dp > 1 or ep > 1 or log_dir:
-            _serve_group(cfg, dp, ep, host, port, dp_sync_interval, log_dir, parent_pid)
+            group = DPGroup(cfg, dp, ep, role=role, host=host, port=port, log_dir=log_dir,
+                            sync_interval=dp_sync_interval, bootstrap_port=bootstrap_port,
+                            enable_pd_role_switch=enable_pd_role_switch)  # fmt: skip
+            _serve_group(group, parent_pid)
             return
         engine = TorchEngine(
             cfg,
@@ -133,21 +134,8 @@ def engine_command(
         engine.stop()
 
 
-def _serve_group(
-    cfg: EngineConfig,
-    dp: int,
-    ep: int,
-    host: str,
-    port: int,
-    sync_interval: int,
-    log_dir: str | None,
-    parent_pid: int | None,
-) -> None:
+def _serve_group(group: DPGroup, parent_pid: int | None) -> None:
     """`pdlab engine --dp N --ep E`: the group's ranks, coordinator and front end."""
-    from cluster.engines.torch.dp_group import DPGroup
-
-    group = DPGroup(cfg, dp, ep, host=host, port=port, log_dir=log_dir,
-                    sync_interval=sync_interval)  # fmt: skip
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())

@@ -14,6 +14,9 @@ one node:
   every rank (success only if every rank succeeds);
 - GET /pdlab/dp_state: the coordinator's counts and waves, and the ranks' URLs.
 
+In a PD role the group's bootstrap server (`dp_bootstrap`) relays KV fetches to the rank
+that prefilled each room; /server_info names its port.
+
 Each request's rank, arrival and end (monotonic clock) go to `frontend.jsonl` in the log
 directory (table `assign`), beside the ranks' own logs (`rank_log`).
 """
@@ -32,6 +35,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
+from cluster.engines.torch.dp_bootstrap import RoomRanks
 from cluster.engines.torch.dp_coordinator import Balancer, Coordinator
 
 RANK_HEADER = "X-data-parallel-rank"
@@ -54,7 +58,12 @@ class FrontendLog:
 
 
 def create_frontend_app(
-    rank_urls: list[str], balancer: Balancer, coordinator: Coordinator, flog: FrontendLog
+    rank_urls: list[str],
+    balancer: Balancer,
+    coordinator: Coordinator,
+    flog: FrontendLog,
+    rooms: RoomRanks | None = None,
+    info_overrides: dict[str, Any] | None = None,
 ) -> FastAPI:
     app = FastAPI(title="pdlab torch engine group")
     state: dict[str, httpx.AsyncClient] = {}
@@ -95,6 +104,7 @@ def create_frontend_app(
         info |= {"dp_size": len(rank_urls), "ep_size": infos[0].get("ep_size", 1),
                  "dp_rank_urls": rank_urls, "load_balance_method": "vllm-least-loaded"}  # fmt: skip
         info.pop("dp_rank", None)
+        info |= info_overrides or {}
         return JSONResponse(info)
 
     async def from_rank0(request: Request) -> Response:
@@ -146,6 +156,9 @@ def create_frontend_app(
             return JSONResponse({"error": {"message": msg}}, status_code=400)
         rank = balancer.choose(named)
         rid = body["rid"] = str(body.get("rid") or uuid.uuid4().hex)
+        room = body.get("bootstrap_room")
+        if rooms is not None and isinstance(room, int):
+            rooms.put(room, rank)  # a decode engine fetches this room's KV through us
         req = client().build_request("POST", rank_urls[rank] + request.url.path, json=body)
         try:
             r = await client().send(req, stream=True)

@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 from cluster.core import ConfigError
 from cluster.engines.shell.loopback import LoopbackServer
 from cluster.engines.torch.config import EngineConfig
+from cluster.engines.torch.dp_bootstrap import RoomRanks, group_bootstrap_app
 from cluster.engines.torch.dp_coordinator import Balancer, Coordinator
 from cluster.engines.torch.dp_frontend import FrontendLog, create_frontend_app
 
@@ -42,6 +43,7 @@ READY = "pdlab dp rank ready:"  # dp_rank.READY (that module imports torch)
 class GroupEndpoints(NamedTuple):
     http_url: str
     ranks: list[dict[str, Any]]  # each rank's ready line: http_url, control, publishers, pid
+    bootstrap_port: int | None = None  # the group's (prefill role)
 
 
 @dataclass(slots=True)
@@ -80,6 +82,8 @@ class DPGroup:
         role: str = "null",
         host: str = "127.0.0.1",
         port: int = 0,
+        bootstrap_port: int = 0,
+        enable_pd_role_switch: bool = False,
         log_dir: str | Path | None = None,
         sync_interval: int = 32,
         stats_interval_s: float = 0.1,
@@ -91,10 +95,17 @@ class DPGroup:
         if sync_interval < 1:
             raise ConfigError(f"--dp-sync-interval must be >= 1, got {sync_interval}")
         self.config, self.dp, self.ep, self.role = config, dp, ep, role
-        self.host, self.port = host, port
+        if role not in ("null", "prefill", "decode"):
+            raise ConfigError(f"role must be null, prefill or decode, got {role!r}")
+        self.host, self.port, self.bootstrap_port = host, port, bootstrap_port
         self.log_dir = None if log_dir is None else Path(log_dir)
         self.sync_interval = sync_interval
         self.rank_options = dict(rank_options or {})
+        if role != "null":  # each rank's own bootstrap server (prefill); ours relays to them
+            self.rank_options |= {
+                "bootstrap_port": 0,
+                "enable_pd_role_switch": enable_pd_role_switch,
+            }
         self.start_timeout_s, self.stop_timeout_s = start_timeout_s, stop_timeout_s
         self.balancer = Balancer(dp)
         self.coordinator = Coordinator(self.balancer, host, stats_interval_s)
@@ -102,6 +113,8 @@ class DPGroup:
         self.endpoints: GroupEndpoints | None = None
         self._tmp = tempfile.TemporaryDirectory(prefix="pdlab-dp-")
         self._front: LoopbackServer | None = None
+        self._bootstrap: LoopbackServer | None = None
+        self.rooms = RoomRanks()
 
     def start(self) -> GroupEndpoints:
         try:
@@ -141,12 +154,25 @@ class DPGroup:
         if self.log_dir is not None:
             (self.log_dir / "group.json").write_text(json.dumps(self.describe(), indent=1))
         urls = [str(rk.ready["http_url"]) for rk in self.ranks]
-        app = create_frontend_app(urls, self.balancer, self.coordinator, FrontendLog(self.log_dir))
+        boot = [rk.ready.get("bootstrap_port") for rk in self.ranks]
+        overrides: dict[str, Any] = {}  # filled once the ports are bound
+        app = create_frontend_app(urls, self.balancer, self.coordinator,
+                                  FrontendLog(self.log_dir), self.rooms, overrides)  # fmt: skip
         self._front = LoopbackServer(app, self.host, self.port, name="DP group front end")
+        self.port = overrides["port"] = self._front.port
+        if all(boot):
+            rank_boot = [f"http://{self.host}:{b}" for b in boot]
+            bapp = group_bootstrap_app(self.rooms, rank_boot, page_size=self.config.page_size,
+                                       http_port=self.port)  # fmt: skip
+            self._bootstrap = LoopbackServer(bapp, self.host, self.bootstrap_port,
+                                             name="DP group bootstrap server")  # fmt: skip
+            self.bootstrap_port = overrides["disaggregation_bootstrap_port"] = self._bootstrap.port
+            self._bootstrap.start()
         self._front.start()
-        self.port = self._front.port
-        self.endpoints = GroupEndpoints(f"http://{self.host}:{self.port}",
-                                        [rk.ready for rk in self.ranks])  # fmt: skip
+        self.endpoints = GroupEndpoints(
+            f"http://{self.host}:{self.port}", [rk.ready for rk in self.ranks],
+            self.bootstrap_port if self._bootstrap else None,
+        )  # fmt: skip
         return self.endpoints
 
     def describe(self) -> dict[str, Any]:
@@ -168,9 +194,10 @@ class DPGroup:
 
     def stop(self) -> list[int | None]:
         """Stop the front end and the ranks; returns each rank's exit status."""
-        if self._front is not None:
-            self._front.stop()
-            self._front = None
+        for server in (self._front, self._bootstrap):
+            if server is not None:
+                server.stop()
+        self._front = self._bootstrap = None
         for rk in self.ranks:
             if rk.proc.poll() is None:
                 rk.proc.send_signal(signal.SIGTERM)

@@ -205,6 +205,7 @@ def _front_log(logs: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (logs / "frontend.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # a group of its own
 def test_killed_launcher_leaves_no_rank_behind(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "toolkit.cli", "engine", "--dp", "2", "--ep", "2", "--port",
            "0", "--kv-gpu-tokens", "2048", "--kv-host-tokens", "0"]  # fmt: skip
@@ -271,3 +272,40 @@ def test_all_to_all_moves_rows_exactly(tmp_path: Path) -> None:
     assert torch.equal(half.blocks[2].ffn.w_up, full.blocks[2].ffn.w_up[8:])
     with pytest.raises(ConfigError, match="split evenly"):
         ExpertPlacement(16, 3, 0)
+
+
+@pytest.mark.slow  # a group of its own: ~10-20 s on two busy cores
+def test_a_prefill_group_hands_kv_to_a_decode_engine(tmp_path: Path, engine_parts) -> None:  # type: ignore[no-untyped-def]
+    """PD: a DP2×EP2 group in the prefill role, a single decode engine; the decode engine
+    fetches each room's KV through the group's bootstrap server from the rank that
+    prefilled it and continues as a collocated engine would."""
+    from cluster.engines.torch.engine import TorchEngine
+
+    g = DPGroup(CFG, 2, 2, role="prefill", sync_interval=SYNC)
+    dec = TorchEngine(CFG, "decode")
+    try:
+        ep = g.start()
+        dec.start()
+        info = httpx.get(ep.http_url + "/server_info").json()
+        assert info["disaggregation_mode"] == "prefill"
+        assert info["disaggregation_bootstrap_port"] == ep.bootstrap_port
+
+        def pd(i: int) -> tuple[str, list[int]]:
+            body = {"input_ids": _prompt(30 + i, 50 + i), "bootstrap_host": "127.0.0.1",
+                    "bootstrap_port": ep.bootstrap_port, "bootstrap_room": 7000 + i,
+                    "data_parallel_rank": i % 2, "sampling_params": {"max_new_tokens": 6, "ignore_eos": True}}  # fmt: skip
+            with ThreadPoolExecutor(2) as pool:  # what a PD router does
+                p = pool.submit(httpx.post, ep.http_url + "/generate", json=body, timeout=60)
+                d = pool.submit(httpx.post, dec.endpoints.http_url + "/generate", json=body,
+                                timeout=60)  # fmt: skip
+                assert p.result().status_code == 200 and d.result().status_code == 200
+                return p.result().headers["x-data-parallel-rank"], d.result().json()["output_ids"]
+
+        with ThreadPoolExecutor(4) as pool:
+            got = list(pool.map(pd, range(4)))
+        assert [rank for rank, _ in got] == ["0", "1", "0", "1"]
+        want = _single_engine(engine_parts, [(_prompt(30 + i, 50 + i), 6) for i in range(4)])
+        assert [ids for _, ids in got] == want
+    finally:
+        dec.stop()
+        assert g.stop() == [0, 0]
