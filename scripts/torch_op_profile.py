@@ -9,6 +9,11 @@ import` on it with the measured link, so `pdlab twin DB --run R --profile OUT.js
 prices the group's iterations from the engine itself.
 
     python scripts/torch_op_profile.py -o profiles/torch_tiny_moe_ep2 --ep 2 --dp 2
+
+`--calibrate DB RUN --from DIR` measures nothing: it calibrates the bundle DIR in situ on
+a recorded group run (toolkit.torch_profile_calibration: operator times scaled by the
+run's measured / priced compute, link refitted on its collectives) into `-o` and imports
+that. Calibrate on a run kept for it; compare the twin on other runs.
 """
 
 from __future__ import annotations
@@ -34,13 +39,23 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--max-num-seqs", type=int, default=32)
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
+    p.add_argument("--calibrate", nargs=2, metavar=("DB", "RUN"), default=None)
+    p.add_argument("--from", dest="src", type=Path, default=None, help="bundle to calibrate")
     a = p.parse_args(argv)
     from cluster.engines.torch.config import preset
     from cluster.engines.torch.loop_profile import profile_group
 
     t0 = time.monotonic()
-    print(f"measuring in {a.ep} process(es) at once ...", file=sys.stderr)
-    profile_group(preset(a.model), a.out, a.ep, threads=a.threads, reps=a.reps)
+    if a.calibrate is not None:
+        from toolkit.torch_profile_calibration import calibrate
+
+        if a.src is None:
+            p.error("--calibrate needs --from BUNDLE (the measured profile directory)")
+        doc = calibrate(a.src, a.calibrate[0], a.calibrate[1], a.out)
+        print(json.dumps(doc, indent=1), file=sys.stderr)
+    else:
+        print(f"measuring in {a.ep} process(es) at once ...", file=sys.stderr)
+        profile_group(preset(a.model), a.out, a.ep, threads=a.threads, reps=a.reps)
     link = json.loads((a.out / "link.json").read_text())
     out_json = a.out.with_suffix(".json")
     cmd = [sys.executable, "-m", "toolkit.cli", "profile", "import", str(a.out),

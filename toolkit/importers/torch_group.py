@@ -102,7 +102,11 @@ def read_group_run(
         "dp_group": {k: group[k] for k in ("dp", "ep", "tp", "sync_interval",
                                            "stats_interval_s", "load_balance", "all_to_all",
                                            "cpu_count", "load_avg")},
-        "torch_engine": group["engine"], **(extra_config or {}),
+        "torch_engine": group["engine"],
+        "scheduling": "SGLang-style, per rank: a prefill pass (FCFS chunks under "
+        "max_num_batched_tokens) whenever a waiting request fits, else one decode pass over "
+        "every running request; never mixed; KV for prompt + max_new_tokens reserved at "
+        "admission (no preemption)", **(extra_config or {}),
     }  # fmt: skip
     if interconnect is not None:
         config["interconnect"] = interconnect

@@ -98,14 +98,21 @@ def scheduler_overhead_us(
 
 
 def fit_link(
-    points: list[dict[str, Any]], model: ModelConfig, ep: int, device: str
+    points: list[dict[str, Any]], model: ModelConfig, ep: int, device: str, *, robust: bool = True
 ) -> dict[str, Any]:
-    """The link that prices `points` (group tokens, seconds) as the pricer does (module doc)."""
+    """The link that prices `points` (group tokens, seconds) as the pricer does (module
+    doc): Theil–Sen when `robust` (a point a busy CPU spoiled does not tilt it), else least
+    squares weighted by each point's `samples` (the mean over every collective)."""
     from scipy.stats import theilslopes
 
     g = np.array([p["group_tokens"] for p in points], dtype=float)
     t = np.array([p["seconds"] for p in points], dtype=float)
-    slope, intercept, _lo, _hi = theilslopes(t, g)  # robust to a point a busy CPU spoiled
+    if robust or len(points) < 2:
+        slope, intercept, _lo, _hi = theilslopes(t, g)
+    else:
+        w = np.sqrt(np.array([p.get("samples", 1) for p in points], dtype=float))
+        sol = np.linalg.lstsq(np.c_[g, np.ones_like(g)] * w[:, None], t * w, rcond=None)[0]
+        slope, intercept = max(float(sol[0]), 0.0), float(sol[1])
     per_token = model.d_model * 4  # float32 hidden state
     latency = max(intercept, 0.0) / 2
     gbps = (ep - 1) / ep * per_token / max(slope / 2, 1e-15) / 1e9
