@@ -20,7 +20,7 @@ import os
 import signal
 import sys
 import threading
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
@@ -59,10 +59,6 @@ class RankSpec:
         doc = dict(self.engine)
         doc["model"] = ModelConfig(**doc["model"])
         return EngineConfig(**doc)
-
-    @staticmethod
-    def engine_doc(cfg: EngineConfig) -> dict[str, Any]:
-        return asdict(cfg)
 
 
 class RankGroup:
