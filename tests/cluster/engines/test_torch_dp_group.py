@@ -105,7 +105,7 @@ def test_ranks_step_in_lockstep_with_dummy_passes(group) -> None:  # type: ignor
     time.sleep(1.5)  # the wave ends within SYNC steps; the logs flush each second
     passes = read_rank_logs(logs)["pass"]
     seq = {r: [(p["wave"], p["step"]) for p in passes if p["rank"] == r] for r in (0, 1)}
-    assert seq[0] == seq[1] and len(seq[0]) > 20
+    assert seq[0] == seq[1] and len(seq[0]) >= 12  # a prefill and 11 decodes at least
     kinds = {r: [p["kind"] for p in passes if p["rank"] == r] for r in (0, 1)}
     assert "dummy" in kinds[1] and "decode" in kinds[0]
     # At the step where rank 0 decoded alone, rank 1 ran a dummy pass.
