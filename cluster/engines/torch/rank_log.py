@@ -64,7 +64,8 @@ def read_rank_logs(directory: str | Path) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
     paths = sorted(Path(directory).glob("rank*.jsonl"), key=lambda p: int(p.stem[4:]))
     for path in paths:
-        for line in path.read_text().splitlines():
+        lines = path.read_text().split("\n")
+        for line in lines[:-1]:  # the last piece is "" or a line being written now
             if line:
                 row = json.loads(line)
                 out.setdefault(row.pop("table"), []).append(row)

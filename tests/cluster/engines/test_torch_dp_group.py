@@ -102,8 +102,9 @@ def test_generations_equal_a_single_engine(group, engine_parts) -> None:  # type
 def test_ranks_step_in_lockstep_with_dummy_passes(group) -> None:  # type: ignore[no-untyped-def]
     _g, url, logs = group
     _generate(url, _prompt(40, 7), 12, rank=0)  # rank 1 has nothing to do
-    time.sleep(1.5)  # the wave ends within SYNC steps; the logs flush each second
-    passes = read_rank_logs(logs)["pass"]
+    done = _paused(url)  # the wave ends within SYNC steps
+    time.sleep(1.5)  # the logs flush each second
+    passes = [p for p in read_rank_logs(logs)["pass"] if p["wave"] < done]
     seq = {r: [(p["wave"], p["step"]) for p in passes if p["rank"] == r] for r in (0, 1)}
     assert seq[0] == seq[1] and len(seq[0]) >= 12  # a prefill and 11 decodes at least
     kinds = {r: [p["kind"] for p in passes if p["rank"] == r] for r in (0, 1)}
@@ -130,6 +131,7 @@ def test_every_pass_and_moe_layer_is_logged_and_stored(group, tmp_path: Path) ->
     _g, url, logs = group
     for rank in (0, 1):
         _generate(url, _prompt(33, 9 + rank), 5, rank=rank)
+    _paused(url)  # no more passes: the logs read twice below hold the same rows
     time.sleep(1.5)
     tabs = read_rank_logs(logs)
     layers = tabs["layer"]
@@ -199,6 +201,17 @@ def test_bad_rank_is_refused(group) -> None:  # type: ignore[no-untyped-def]
     r = httpx.post(url + "/generate", json={"input_ids": [1, 2]},
                    headers={"X-data-parallel-rank": "2"})  # fmt: skip
     assert r.status_code == 400 and "[0, 2)" in r.json()["error"]["message"]
+
+
+def _paused(url: str, timeout_s: float = 60.0) -> int:
+    """Wait until the group's wave has ended; the number of waves that ended."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = httpx.get(url + "/pdlab/dp_state").json()
+        if not state["engines_running"]:
+            return int(state["current_wave"])
+        time.sleep(0.1)
+    raise AssertionError("the group's wave did not end")
 
 
 def _front_log(logs: Path) -> list[dict[str, Any]]:
