@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from telemetry.columns import RUN_ID, Column
 from telemetry.columns import column as _c
+from telemetry.schema_groups import GROUP_TABLES
 from telemetry.schema_imported import imported_tables
 from telemetry.schema_serving import CPU, OVERHEAD, SERVING_TABLES
 
@@ -447,6 +448,12 @@ TABLES.update(imported_tables(_c, RUN_ID))
 _items = list(TABLES.items())
 _at = list(TABLES).index("requests") + 1
 TABLES = dict([*_items[:_at], *SERVING_TABLES.items(), *_items[_at:]])
+
+# Tables of DP×EP engine groups (telemetry.schema_groups), each row on a node (DP rank).
+TABLES |= {
+    name: (RUN_ID, NODE, *(_c(n, sql, doc, unit, **kw) for n, sql, doc, unit, kw in specs))
+    for name, specs in GROUP_TABLES.items()
+}
 
 # Columns whose values must be finite (no NaN/inf) when present.
 FLOAT_TYPES = ("DOUBLE",)

@@ -26,6 +26,11 @@ TABLE_DOCS: dict[str, str] = {
     "features are sums over the pass's requests (or chunks).",
     "prefill_iteration_requests": "One row per request (chunk) in a prefill iteration.",
     "decode_iterations": "One row per decode forward pass of a node (Eq. 2).",
+    "dp_passes": "One row per forward pass of a DP rank of an engine group, dummy passes "
+    "included (`pdlab engine --dp N --ep N`); passes at equal (wave, step) on the ranks ran "
+    "their MoE all-to-alls together.",
+    "moe_layer_loads": "One row per MoE layer of a DP rank's pass under expert parallelism: "
+    "the tokens it received after the dispatch and the experts it ran.",
     "requests": "One row per finished LLM call (turn of an agent program).",
     "request_stages": "One row per request a live PD proxy answered: when it passed each "
     "stage between the proxy and the engines (their serving overheads: `pdlab fit-overheads`, "

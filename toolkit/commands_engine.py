@@ -13,6 +13,15 @@ The mutating routes (/flush_cache, /kv_eviction, /pd_role_switch) need
 --engines torch` passes its engines), else a generated one, written to a file only the
 user can read (its path printed at start, the file removed at exit). Request bodies are
 at most `--max-body-bytes` (default 16 bytes per token of the model's context + 1 MiB).
+
+`--dp N [--ep N]` serves the model from a group of N engine processes, one per DP rank,
+behind one front end on `--port` with the same HTTP API (`cluster.engines.torch.dp_group`):
+each rank schedules its own requests and KV; with `--ep N` the MoE experts are split over
+the ranks, every MoE layer dispatches tokens to their experts' ranks and back (gloo on CPU,
+NCCL on CUDA) and idle ranks run dummy passes so the ranks step together, as vLLM's DP+EP
+engines do. The front end sends each request to the least loaded rank (vLLM's rule:
+min 4·waiting + running). `--log-dir` keeps every rank's passes, MoE layer loads and
+requests (JSON lines; `scripts/ep_group_run.py` stores them in DuckDB).
 """
 
 from __future__ import annotations
@@ -21,10 +30,14 @@ import json
 import os
 import signal
 import threading
+from typing import TYPE_CHECKING
 
 import typer
 
 from cluster.core import ConfigError
+
+if TYPE_CHECKING:
+    from cluster.engines.torch.dp_group import DPGroup
 
 
 def engine_command(
@@ -64,12 +77,23 @@ def engine_command(
     max_body_bytes: int | None = typer.Option(
         None, "--max-body-bytes", min=1024, help="Largest request body (413 beyond it)."
     ),
+    dp: int = typer.Option(1, "--dp", help="Data-parallel ranks (engine processes) of a group."),
+    ep: int = typer.Option(
+        1, "--ep", help="Expert-parallel degree: 1, or --dp to split the experts over the ranks."
+    ),
+    dp_sync_interval: int = typer.Option(
+        32, "--dp-sync-interval", help="Steps between the ranks' 'all done?' all-reduce (vLLM 32)."
+    ),
+    log_dir: str | None = typer.Option(
+        None, "--log-dir", help="A group's per-rank logs of passes, MoE loads and requests."
+    ),
 ) -> None:
     """Serve one torch engine (SGLang's HTTP API, KV events, forward-pass metrics)."""
     import zmq
 
     from cluster.engines.shell.guard import engine_token, write_token_file
     from cluster.engines.torch.config import EngineConfig, preset
+    from cluster.engines.torch.dp_group import DPGroup
     from cluster.engines.torch.engine import TorchEngine
 
     if role not in ("null", "prefill", "decode"):
@@ -90,6 +114,12 @@ def engine_command(
             dtype=dtype,
             num_threads=threads,
         )
+        if dp > 1 or ep > 1 or log_dir:
+            group = DPGroup(cfg, dp, ep, role=role, host=host, port=port, log_dir=log_dir,
+                            sync_interval=dp_sync_interval, bootstrap_port=bootstrap_port,
+                            enable_pd_role_switch=enable_pd_role_switch)  # fmt: skip
+            _serve_group(group, parent_pid)
+            return
         engine = TorchEngine(
             cfg,
             role,  # type: ignore[arg-type]
@@ -139,3 +169,25 @@ def engine_command(
         engine.stop()
         if token_file is not None:
             token_file.unlink(missing_ok=True)
+
+
+def _serve_group(group: DPGroup, parent_pid: int | None) -> None:
+    """`pdlab engine --dp N --ep E`: the group's ranks, coordinator and front end."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        endpoints = group.start()
+    except (OSError, RuntimeError) as err:
+        typer.echo(f"error: cannot start the DP group: {err}", err=True)
+        raise typer.Exit(2) from None
+    print(f"pdlab engine ready: {json.dumps(endpoints._asdict())}", flush=True)
+    try:
+        while not stop.wait(0.1):
+            if parent_pid is not None and os.getppid() != parent_pid:
+                break
+            if not group.alive():
+                typer.echo("error: a DP rank exited; stopping the group", err=True)
+                break
+    finally:
+        group.stop()

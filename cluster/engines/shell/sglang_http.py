@@ -343,7 +343,8 @@ async def respond_openai(
     engine: SGLangEngine, request: Request, req: GenerateInput, body: dict[str, Any], chat: bool
 ) -> Response:
     """/v1/completions and /v1/chat/completions answers (and their SSE chunks)."""
-    ids, rid, created = req.ids, uuid.uuid4().hex, int(time.time())
+    ids, created = req.ids, int(time.time())
+    rid = str(body.get("rid") or uuid.uuid4().hex)  # SGLang's rid
     model = str(body.get("model") or engine.served_model)
     kind = "chat.completion" if chat else "text_completion"
 

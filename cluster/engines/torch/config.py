@@ -87,6 +87,25 @@ class ModelConfig:
         per_layer = attn + ffn + 2 * d  # two RMSNorm weights
         return self.num_layers * per_layer + 2 * self.vocab_size * d + d
 
+    def hf_config(self) -> dict[str, object]:
+        """This shape as a Hugging Face config.json (what `pdlab profile import` and
+        cluster.hardware.model_shape read); float32 weights, untied embeddings."""
+        doc: dict[str, object] = {
+            "_name_or_path": f"pdlab/{self.name}", "architectures": ["PdlabTorchForCausalLM"],
+            "model_type": "pdlab_torch_moe" if self.is_moe else "pdlab_torch",
+            "hidden_size": self.d_model, "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads, "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim, "intermediate_size": self.ffn_dim,
+            "vocab_size": self.vocab_size, "rope_theta": self.rope_theta,
+            "rms_norm_eps": self.rms_eps, "max_position_embeddings": self.max_context_tokens,
+            "eos_token_id": self.eos_token_id, "tie_word_embeddings": False,
+            "torch_dtype": "float32",
+        }  # fmt: skip
+        if self.is_moe:
+            doc |= {"num_experts": self.num_experts, "num_experts_per_tok": self.top_k,
+                    "moe_intermediate_size": self.ffn_dim, "norm_topk_prob": True}  # fmt: skip
+        return doc
+
     def active_parameters(self) -> int:
         """Parameters one token uses (top_k experts of each MoE layer)."""
         if not self.is_moe:

@@ -12,6 +12,11 @@ as a fraction of E. `forward` reports that number per layer.
 Weights are random, drawn from a seeded CPU generator (the same on any device); no
 downloads. `forward` runs a flattened batch against the paged KV pool through an
 `attention.PassLayout`; `dense_logits` is the unpaged reference (tests).
+
+Under expert parallelism (`shard_experts`) each MoE layer keeps only its EP rank's slice of
+the experts and runs through the group's dispatch/combine (`expert_parallel`);
+`dummy_forward` is the one-token pass an idle DP rank runs so that the group's collectives
+line up (vLLM's `execute_dummy_batch`).
 """
 
 from __future__ import annotations
@@ -26,6 +31,12 @@ from torch import nn
 
 from cluster.engines.torch.attention import PassLayout, dense_attention
 from cluster.engines.torch.config import ModelConfig
+from cluster.engines.torch.expert_parallel import (
+    EPComm,
+    ExpertPlacement,
+    check_transport,
+    ep_moe_forward,
+)
 
 # (layer, q [T, H, hd], k and v [T, KVH, hd]) -> attention output [T, H, hd]
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -99,8 +110,19 @@ class MoEFFN(nn.Module):
         self.w_gate = nn.Parameter(torch.empty(num_experts, d, ffn))
         self.w_up = nn.Parameter(torch.empty(num_experts, d, ffn))
         self.w_down = nn.Parameter(torch.empty(num_experts, ffn, d))
+        self.comm: EPComm | None = None  # set by `shard`: this rank's experts only
+
+    def shard(self, comm: EPComm) -> None:
+        """Keep only the experts `comm.placement` gives this rank; route through `comm`."""
+        first, n = comm.placement.first, comm.placement.per_rank
+        for name in ("w_gate", "w_up", "w_down"):
+            w = getattr(self, name)
+            setattr(self, name, nn.Parameter(w[first : first + n].clone(), requires_grad=False))
+        self.comm = comm
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, int | None]:
+        if self.comm is not None:
+            return ep_moe_forward(self, x, self.comm)
         probs = self.router(x).float().softmax(-1)
         weight, expert = probs.topk(self.top_k, dim=-1)  # [T, k]
         weight = (weight / weight.sum(-1, keepdim=True)).to(x.dtype)
@@ -188,6 +210,34 @@ class Transformer(nn.Module):
             return layout.attend(q, k_pool, v_pool)
 
         return self._run(tokens, layout.positions, attend, logit_rows)
+
+    def shard_experts(self, comm: EPComm) -> None:
+        """Expert parallelism: every MoE layer keeps this rank's experts (module doc)."""
+        if not self.cfg.is_moe:
+            raise ValueError(f"model {self.cfg.name} is dense: there are no experts to split")
+        check_transport(self.cfg.num_experts, self.embed.weight.dtype)
+        for module in self.blocks:
+            cast(MoEFFN, cast(Block, module).ffn).shard(comm)
+
+    @property
+    def placement(self) -> ExpertPlacement | None:
+        ffn = cast(Block, self.blocks[0]).ffn
+        comm = ffn.comm if isinstance(ffn, MoEFFN) else None
+        return None if comm is None else comm.placement
+
+    @torch.inference_mode()
+    def dummy_forward(self, num_tokens: int = 1) -> list[int]:
+        """Token id 0 at position 0 through every layer, attending to itself, no KV
+        written, no logits: an idle DP rank's part of the group's collectives (one token;
+        more to time the collectives between layers of a given size)."""
+        device = self.embed.weight.device
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            # One key: the softmax is 1, each query head gets its KV head's value.
+            return v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+
+        zero = torch.zeros(num_tokens, dtype=torch.long, device=device)
+        return self._run(zero, zero, attend, zero[:0])[1]
 
     @torch.inference_mode()
     def dense_logits(self, tokens: list[int]) -> torch.Tensor:

@@ -9,6 +9,9 @@ sampled ids are read back, which synchronizes too): the iteration time the model
 `cpu_s` is the calling thread's CPU time over the same span: on a CPU device with one torch
 thread the forward computes on that thread, so `cpu_s` is the pass's work without the time
 the host's scheduler gave other processes (wall_s - cpu_s: waiting for a core or the GIL).
+
+In a DP×EP group (`shard`) the pass also carries each MoE layer's load on this rank and
+its time includes the dispatch/combine waits; `dummy_run` is an idle rank's pass.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import torch
 
 from cluster.engines.torch.attention import PassLayout, SeqSlice
 from cluster.engines.torch.config import EngineConfig
+from cluster.engines.torch.expert_parallel import EPComm, LayerLoad
 from cluster.engines.torch.kv_pool import KVPool
 from cluster.engines.torch.model import Transformer
 from cluster.engines.torch.request import EngineRequest
@@ -44,6 +48,7 @@ class PassOutput(NamedTuple):
     wall_s: float  # 0.0 when the pass was not timed
     attn_pairs: int
     cpu_s: float = 0.0  # the scheduler thread's CPU time in the same span (0.0: not timed)
+    layer_loads: tuple[LayerLoad, ...] = ()  # per MoE layer under expert parallelism
 
 
 class ModelRunner:
@@ -58,6 +63,20 @@ class ModelRunner:
             cfg.model, cfg.page_size, cfg.gpu_pages, cfg.host_pages, self.device, dtype
         )
         self._gen = torch.Generator(device=self.device).manual_seed(cfg.seed)
+        self.comm: EPComm | None = None
+
+    def shard(self, comm: EPComm) -> None:
+        """Serve as one rank of an EP group: keep this rank's experts, route through `comm`."""
+        self.model.shard_experts(comm)
+        self.comm = comm
+
+    def dummy_run(self) -> PassOutput:
+        """An idle DP rank's pass: one token through every layer (`Transformer.dummy_forward`)."""
+        t0 = time.perf_counter()
+        experts = self.model.dummy_forward()
+        self.synchronize()
+        loads = tuple(self.comm.take_loads()) if self.comm is not None else ()
+        return PassOutput([], experts, time.perf_counter() - t0, 1, loads)
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -105,7 +124,8 @@ class ModelRunner:
                 k += 1
             else:
                 out.append(None)
-        return PassOutput(out, experts, wall, layout.attn_pairs, cpu)
+        loads = tuple(self.comm.take_loads()) if self.comm is not None else ()
+        return PassOutput(out, experts, wall, layout.attn_pairs, cpu, loads)
 
     def _sample(self, logits: torch.Tensor, reqs: Sequence[EngineRequest]) -> list[int]:
         if not reqs:

@@ -46,7 +46,7 @@ from cluster.engines.torch.config import EngineConfig
 from cluster.engines.torch.pass_metrics import PrefillSlice
 from cluster.engines.torch.prefix_cache import Block, PrefixCache
 from cluster.engines.torch.request import EngineRequest
-from cluster.engines.torch.runner import ModelRunner, PassItem
+from cluster.engines.torch.runner import ModelRunner, PassItem, PassOutput
 from cluster.engines.torch.transfer import Room, RoomRegistry
 from cluster.kv.hashing import token_block_hashes
 from cluster.sglang.wire.publisher import ZmqBatchPublisher
@@ -237,6 +237,7 @@ class Scheduler(SchedulerThread[EngineRequest]):
         started = time.time()
         for it in items:
             stamp(it.req.stamps, FORWARD, started)
+        t_start = time.monotonic()
         out = self.runner.run(items, self._restores, timed=cfg.telemetry)
         self._restores = []
         now = time.monotonic()
@@ -257,6 +258,7 @@ class Scheduler(SchedulerThread[EngineRequest]):
                 self.running.append(req)
                 self._progress(req, now)
         self._after_pass()
+        self._on_pass("prefill", t_start, out, [it.req for it in items], slices)
         if cfg.telemetry:
             m = pass_metrics.prefill_metrics(
                 cfg.worker_id, out.wall_s, slices, out.attn_pairs, out.experts_per_layer,
@@ -273,6 +275,7 @@ class Scheduler(SchedulerThread[EngineRequest]):
                 req.blocks.append(None)
                 req.reserved_pages -= 1
         seq_lens = [req.num_computed + 1 for req in batch]
+        t_start = time.monotonic()
         out = self.runner.run([PassItem(r, 1, True) for r in batch], timed=cfg.telemetry)
         now = time.monotonic()
         for req, token in zip(batch, out.next_ids, strict=True):
@@ -281,6 +284,7 @@ class Scheduler(SchedulerThread[EngineRequest]):
             req.output_ids.append(token)  # type: ignore[arg-type]
             self._progress(req, now)
         self._after_pass()
+        self._on_pass("decode", t_start, out, batch, seq_lens)
         if cfg.telemetry:
             m = pass_metrics.decode_metrics(
                 cfg.worker_id,
@@ -305,6 +309,17 @@ class Scheduler(SchedulerThread[EngineRequest]):
     def _after_pass(self) -> None:
         self.num_passes += 1
         self._heartbeat.was_busy = True
+
+    def _on_pass(
+        self,
+        phase: str,
+        t_start: float,
+        out: PassOutput,
+        reqs: list[EngineRequest],
+        detail: list[PrefillSlice] | list[int],
+    ) -> None:
+        """After each pass (monotonic start, the runner's output, its requests and their
+        prefill slices or decode seq_lens): nothing here; a DP rank logs it."""
 
     def _cache_pages(self, req: EngineRequest, now: float) -> None:
         """Cache the request's newly full pages and write them through to the host."""
