@@ -76,7 +76,7 @@ class ModelRunner:
         experts = self.model.dummy_forward()
         self.synchronize()
         loads = tuple(self.comm.take_loads()) if self.comm is not None else ()
-        return PassOutput([], experts, time.perf_counter() - t0, 1, loads)
+        return PassOutput([], experts, time.perf_counter() - t0, 1, 0.0, loads)
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":
