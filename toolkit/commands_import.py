@@ -4,7 +4,9 @@ A recorded serving run goes into the documented tables (toolkit.importers) in on
 transaction, with the engine settings in the run's config; the command then prints the
 run's measured TTFT, TPOT and E2E (mean, P50, P90, P95, P99) and throughput, read back from
 the database (toolkit.queries.serving). Malformed files are a clean error naming the file,
-line and field (exit code 2), and the database is left as it was.
+line and field (exit code 2), and the database is left as it was. A run id the database
+already has is refused unless `--replace` (its old rows, in every table, are deleted in the
+same transaction as the new ones are written).
 """
 
 from __future__ import annotations
@@ -28,11 +30,11 @@ def _fail(message: str) -> None:
     raise typer.Exit(EXIT_INPUT)
 
 
-def _write_and_report(db: Path, runs: list[Any], as_json: bool) -> None:
+def _write_and_report(db: Path, runs: list[Any], as_json: bool, replace: bool = False) -> None:
     from toolkit.importers import write_runs
     from toolkit.queries.serving import as_table, serving_metrics
 
-    ids = write_runs(db, runs)
+    ids = write_runs(db, runs, replace=replace)
     results = []
     for run, rid in zip(runs, ids, strict=True):
         m = serving_metrics(db, rid)
@@ -97,6 +99,9 @@ def vllm_bench_command(
     model_config: Path | None = typer.Option(
         None, "--model-config", help="The model's HF config.json (MoE shape of the nodes)."
     ),
+    replace: bool = typer.Option(
+        False, "--replace", help="Replace a run of the same id (its rows in every table)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Import a vLLM serving run recorded by LLMServingSim's bench (meta.json + requests.jsonl)."""
@@ -104,7 +109,10 @@ def vllm_bench_command(
 
     _guarded(
         lambda: _write_and_report(
-            db, [read_vllm_bench(directory, run_id=run_id, model_config=model_config)], as_json
+            db,
+            [read_vllm_bench(directory, run_id=run_id, model_config=model_config)],
+            as_json,
+            replace,
         )
     )
 
@@ -124,6 +132,9 @@ def sglang_bench_command(
     model_config: Path | None = typer.Option(
         None, "--model-config", help="The model's HF config.json (MoE shape of the nodes)."
     ),
+    replace: bool = typer.Option(
+        False, "--replace", help="Replace a run of the same id (its rows in every table)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Import SGLang bench_serving results (one run per line with per-request details)."""
@@ -136,5 +147,6 @@ def sglang_bench_command(
                 file, run_id=run_id, server_info=server_info, model_config=model_config
             ),
             as_json,
+            replace,
         )
     )
