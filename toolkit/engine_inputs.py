@@ -8,7 +8,9 @@
   nothing was recorded, vLLM's budget from GPU memory (cluster.hardware.engine);
 - the recorded requests to replay: arrival (engine clock, s since the run's start), input
   and output tokens, the engine (DP rank) that served them, and their measured timestamps.
-It checks that the profile was built for the engine's TP degree and model size. The
+It checks that the profile was built for the engine's TP degree, and that it describes the
+run's model and GPU (toolkit.twin_guards: refused unless `force`; `guards` says what was
+checked, what was forced and where the run leaves the profile's measured grid). The
 pricer takes the engine's DP and EP degrees, and the interconnect the run recorded
 (`config["interconnect"]`, e.g. from a cluster description) or the link flags, in place of
 the profile's assumed link; `link` says which link prices the collectives.
@@ -16,6 +18,7 @@ the profile's assumed link; `link` says which link prices the collectives.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -25,9 +28,11 @@ import polars as pl
 from cluster.core import ConfigError
 from cluster.hardware.engine import GIB, EngineSettings, KvCapacity
 from cluster.hardware.model_shape import ModelShape
+from cluster.hardware.operator_profile import OperatorProfile
 from cluster.hardware.pricer import IterationPricer
 from cluster.hardware.profiles import load_profile
 from toolkit.queries.run import Source, open_run
+from toolkit.twin_guards import GuardReport, check_profile, extrapolation
 
 
 class EngineInputs(NamedTuple):
@@ -39,6 +44,9 @@ class EngineInputs(NamedTuple):
     arrivals: str  # 'recorded', 'burst' or 'unknown' (see toolkit.importers)
     requests: pl.DataFrame  # request_id, t_arrival, t_in, t_c, t_out, node, t_first_token, t_done
     link: str  # where the collectives' bandwidth and latency come from
+    guards: GuardReport | None = None
+    config: dict[str, Any] | None = None  # the run's recorded config
+    memory_flag: bool = False  # GPU memory given by a flag (a nominal size)
 
 
 def load_engine_inputs(
@@ -52,6 +60,7 @@ def load_engine_inputs(
     max_num_batched_tokens: int | None = None,
     link_gbps: float | None = None,
     link_latency_s: float | None = None,
+    force: bool = False,
 ) -> EngineInputs:
     """Settings, shape, pricer, KV capacity and requests of one imported run (module doc)."""
     prof = load_profile(str(profile))
@@ -59,8 +68,12 @@ def load_engine_inputs(
         raise ConfigError(
             f"{profile}: not an operator profile (make one with `pdlab profile import`)"
         )
+    op = OperatorProfile.from_json(json.loads(Path(profile).read_text()), str(profile))
     with open_run(source, run_id) as run:
         config = run.config()
+        hardware = [
+            str(h) for (h,) in run.rows("SELECT hardware FROM nodes WHERE run_id = ?", [run.run_id])
+        ]
         reqs = run.df(
             "SELECT request_id, t_arrival, t_in, t_c, t_out, prefill_node AS node, "
             "t_first_token, t_done FROM requests WHERE run_id = ? ORDER BY t_arrival, request_id",
@@ -77,12 +90,7 @@ def load_engine_inputs(
         max_num_batched_tokens=max_num_batched_tokens,
     )
     shape = prof.model_shape
-    recorded = config.get("model_shape")
-    if isinstance(recorded, dict) and recorded.get("num_layers") not in (None, shape.num_layers):
-        raise ConfigError(
-            f"profile {profile} is for {shape.name} ({shape.num_layers} layers); run {rid!r} "
-            f"served a model of {recorded['num_layers']} layers"
-        )
+    guards = check_profile(op, config, hardware, force=force, profile=str(profile))
     if prof.pricer.parallel.tp != engine.tensor_parallel_size:
         raise ConfigError(
             f"profile {profile} prices TP {prof.pricer.parallel.tp}; run {rid!r} ran TP "
@@ -94,9 +102,13 @@ def load_engine_inputs(
     else:
         kv = engine.kv_capacity(shape)
     pricer, link = _pricer_for(prof.pricer, engine, config, link_gbps, link_latency_s)
+    context = int((reqs["t_in"] + reqs["t_out"]).max() or 0) if reqs.height else 0
+    guards = guards._replace(extrapolating=extrapolation(op, engine, context))
+    memory_flag = gpu_memory_gib is not None
     return EngineInputs(
-        rid, engine, shape, pricer, kv, str(config.get("arrivals", "recorded")), reqs, link
-    )
+        rid, engine, shape, pricer, kv, str(config.get("arrivals", "recorded")), reqs, link,
+        guards, config, memory_flag,
+    )  # fmt: skip
 
 
 def _pricer_for(

@@ -10,10 +10,17 @@ replacement, real and simulated together, so the interval covers which requests 
 happened to have). Metrics are defined as toolkit.queries.serving defines them. The
 simulated requests are stored as a run of source 'twin' (`store_twin_run`) so the figures
 and queries that read runs can compare the two.
+
+With `interval` (the default) each metric's `ci95` combines that bootstrap with the model's
+own error (toolkit.twin_interval: the profile's held-out residuals, the ranged parameters of
+toolkit.replay_parameters at their low and high ends), a few more replays; `ci95_requests`
+keeps the bootstrap's. A profile of another model or GPU is refused unless `force`
+(toolkit.twin_guards); a forced twin says so in its result and its stored config.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,6 +32,14 @@ from cluster.core import ConfigError
 from cluster.sim.engine_model import EngineReplay, IterationOverhead, ReplayRequest, replay
 from toolkit.engine_inputs import EngineInputs, load_engine_inputs
 from toolkit.queries.run import open_run
+from toolkit.replay_parameters import ReplayParameter, ReplaySetup, replay_parameters
+from toolkit.twin_interval import (
+    PROFILE_REPLAYS,
+    IntervalSource,
+    interval_sources,
+    sim_interval,
+    with_intervals,
+)
 from toolkit.twin_metrics import BOOTSTRAP_SAMPLES, Timings, TwinMetric, compare, twin_run_id
 
 
@@ -38,15 +53,30 @@ class TwinResult(NamedTuple):
     requests: list[ReplayRequest]  # as replayed, in the order of `real` and `sim`
     real: Timings
     sim: Timings
+    parameters: list[ReplayParameter] | None = None
+    sources: list[IntervalSource] | None = None
+    interval_wall_s: float = 0.0  # the interval's extra replays
+
+    @property
+    def forced(self) -> bool:
+        return bool(self.inputs.guards and self.inputs.guards.forced)
 
     def to_json(self) -> dict[str, Any]:
         e = self.inputs.engine
+        g = self.inputs.guards
         return {
             "run_id": self.run_id,
             "twin_run_id": self.twin_run_id,
-            "metrics": {
-                k: {"real": m.real, "sim": m.sim, "error": m.error, "ci95": list(m.ci95)}
-                for k, m in self.metrics.items()
+            "metrics": {k: metric_json(m) for k, m in self.metrics.items()},
+            "forced": self.forced,
+            "guards": None if g is None else g.to_json(),
+            "extrapolating": [] if g is None else g.extrapolating,
+            "parameters": [p.to_json() for p in self.parameters or []],
+            "interval": {
+                "sources": [s.to_json() for s in self.sources or []],
+                "combine": "quadrature of log(sim/real) spreads per side",
+                "replays": sum(s.replays for s in self.sources or []),
+                "wall_s": self.interval_wall_s,
             },
             "requests": self.inputs.requests.height,
             "replay_wall_s": self.replay_wall_s,
@@ -67,6 +97,22 @@ class TwinResult(NamedTuple):
         }
 
 
+def metric_json(m: TwinMetric) -> dict[str, Any]:
+    """One metric's JSON: real, sim, error, ci95 (of the error) and, once combined, the
+    bootstrap's interval, whether the interval covers the real value, its half-width and
+    the twin's prediction interval of the metric itself."""
+    doc: dict[str, Any] = {"real": m.real, "sim": m.sim, "error": m.error, "ci95": list(m.ci95)}
+    if m.sources is not None:
+        doc |= {
+            "ci95_requests": None if m.ci95_requests is None else list(m.ci95_requests),
+            "covered": m.covered if m.known else None,
+            "half_width": m.half_width,
+            "interval": list(sim_interval(m)),
+            "sources": {k: list(v) for k, v in m.sources.items()},
+        }
+    return doc
+
+
 def run_twin(
     db: str | Path,
     run_id: str | None,
@@ -76,11 +122,14 @@ def run_twin(
     store: bool = True,
     samples: int = BOOTSTRAP_SAMPLES,
     seed: int = 0,
+    interval: bool = True,
+    profile_replays: int = PROFILE_REPLAYS,
+    force: bool = False,
     **flags: Any,
 ) -> TwinResult:
     """Replay one imported run and compare (module docstring); `flags` go to
     toolkit.engine_inputs.load_engine_inputs (GPU memory, batch limits, link)."""
-    inputs = load_engine_inputs(db, run_id, profile, **flags)
+    inputs = load_engine_inputs(db, run_id, profile, force=force, **flags)
     if inputs.arrivals == "unknown":
         raise ConfigError(
             f"run {inputs.run_id!r} did not record when its requests arrived (a benchmark "
@@ -123,8 +172,33 @@ def run_twin(
     )
     sim_t = sim_timings(reqs, engines)
     metrics = compare(real, sim_t, samples=samples, seed=seed)
-    twin_id = store_twin_run(db, inputs, engines, str(profile)) if store else None
-    return TwinResult(inputs.run_id, twin_id, inputs, engines, metrics, wall, reqs, real, sim_t)
+    params: list[ReplayParameter] | None = None
+    sources: list[IntervalSource] | None = None
+    t1 = time.perf_counter()
+    if interval:
+        params = replay_parameters(inputs, inputs.config or {}, memory_flag=inputs.memory_flag)
+        setup = ReplaySetup(
+            inputs.engine, inputs.kv.blocks, inputs.pricer, overhead or IterationOverhead()
+        )
+        sources = interval_sources(
+            reqs, setup, engines, metrics, params, profile_replays=profile_replays, seed=seed
+        )
+        if inputs.guards is not None and inputs.guards.forced:
+            # A profile of another model or GPU: no measured error bounds what it misses.
+            sources.append(
+                IntervalSource(
+                    "forced", "forced", "--force: the profile describes another model or GPU",
+                    0, dict.fromkeys(metrics, (math.inf, math.inf)),
+                )
+            )  # fmt: skip
+        metrics = with_intervals(metrics, sources)
+    result = TwinResult(
+        inputs.run_id, None, inputs, engines, metrics, wall, reqs, real, sim_t, params, sources,
+        time.perf_counter() - t1,
+    )  # fmt: skip
+    if store:
+        result = result._replace(twin_run_id=store_twin_run(db, result, str(profile)))
+    return result
 
 
 def sim_timings(reqs: list[ReplayRequest], engines: list[EngineReplay]) -> Timings:
@@ -139,12 +213,16 @@ def sim_timings(reqs: list[ReplayRequest], engines: list[EngineReplay]) -> Timin
     )
 
 
-def store_twin_run(
-    db: str | Path, inputs: EngineInputs, engines: list[EngineReplay], profile: str
-) -> str:
-    """Write the replayed requests as run `twin-<run>[-n]` (source 'twin'); returns its id."""
+def store_twin_run(db: str | Path, result: TwinResult, profile: str) -> str:
+    """Write the replayed requests as run `twin-<run>[-n]` (source 'twin'); returns its id.
+
+    Its config holds what the twin was made with and how far to trust it: the profile, the
+    guard checks and `forced` (made with --force against a profile of another model or
+    GPU), the parameters with their sources, and per metric the error and its intervals.
+    """
     from toolkit.importers import BenchRun, write_runs
 
+    inputs, engines = result.inputs, result.engines
     rid = twin_run_id(db, inputs.run_id)
     e = inputs.engine
     run = BenchRun(
@@ -163,6 +241,10 @@ def store_twin_run(
                 "source": inputs.link,
             },
             "arrivals": "replayed",
+            "forced": result.forced,
+            "guards": None if inputs.guards is None else inputs.guards.to_json(),
+            "parameters": [p.to_json() for p in result.parameters or []],
+            "metrics": {k: metric_json(m) for k, m in result.metrics.items()},
         },
         node_names=[f"twin-dp{i}" for i in range(e.data_parallel_size)],
         hardware=e.hardware or "unknown",
