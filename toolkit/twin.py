@@ -38,6 +38,7 @@ from toolkit.twin_interval import (
     IntervalSource,
     interval_sources,
     sim_interval,
+    sim_timings,
     with_intervals,
 )
 from toolkit.twin_metrics import BOOTSTRAP_SAMPLES, Timings, TwinMetric, compare, twin_run_id
@@ -199,18 +200,6 @@ def run_twin(
     if store:
         result = result._replace(twin_run_id=store_twin_run(db, result, str(profile)))
     return result
-
-
-def sim_timings(reqs: list[ReplayRequest], engines: list[EngineReplay]) -> Timings:
-    """The replayed times of `reqs`, in their order."""
-    by_id = {r.request_id: r for e in engines for r in e.requests}
-    sim = [by_id[q.request_id] for q in reqs]
-    return Timings(
-        np.array([q.arrival_s for q in reqs]),
-        np.array([q.output_tokens for q in reqs], dtype=float),
-        np.array([r.first_token_s for r in sim], dtype=float),
-        np.array([r.done_s for r in sim], dtype=float),
-    )
 
 
 def store_twin_run(db: str | Path, result: TwinResult, profile: str) -> str:

@@ -33,6 +33,7 @@ from cluster.hardware.profile_error import grid_residuals, perturbed
 from cluster.sim.engine_model import EngineReplay, ReplayRequest, replay
 from toolkit.replay_parameters import ReplayParameter, ReplaySetup, variant
 from toolkit.twin_metrics import (
+    Timings,
     TwinMetric,
     combined_interval,
     point_values,
@@ -66,10 +67,20 @@ def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _sim_values(reqs: Sequence[ReplayRequest], engines: list[EngineReplay]) -> dict[str, float]:
-    from toolkit.twin import sim_timings
+def sim_timings(reqs: Sequence[ReplayRequest], engines: list[EngineReplay]) -> Timings:
+    """The replayed times of `reqs`, in their order."""
+    by_id = {r.request_id: r for e in engines for r in e.requests}
+    sim = [by_id[q.request_id] for q in reqs]
+    return Timings(
+        np.array([q.arrival_s for q in reqs]),
+        np.array([q.output_tokens for q in reqs], dtype=float),
+        np.array([r.first_token_s for r in sim], dtype=float),
+        np.array([r.done_s for r in sim], dtype=float),
+    )
 
-    return point_values(sim_timings(list(reqs), engines))
+
+def _sim_values(reqs: Sequence[ReplayRequest], engines: list[EngineReplay]) -> dict[str, float]:
+    return point_values(sim_timings(reqs, engines))
 
 
 def _run(reqs: Sequence[ReplayRequest], s: ReplaySetup) -> dict[str, float] | None:
