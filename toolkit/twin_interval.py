@@ -22,7 +22,7 @@ replay (about 7 on a TP 1 run with recorded KV, 11 with TP collectives).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -42,6 +42,7 @@ from toolkit.twin_metrics import (
 
 PROFILE_REPLAYS = 4
 Z95 = 1.959964
+Runner = Callable[[ReplaySetup], dict[str, float] | None]
 
 
 class IntervalSource(NamedTuple):
@@ -100,7 +101,7 @@ def _log_change(variant_sim: float, base_sim: float) -> float:
 
 def _parameter_spread(
     p: ReplayParameter,
-    reqs: Sequence[ReplayRequest],
+    run: Runner,
     setup: ReplaySetup,
     base: dict[str, float],
     peak_blocks: int,
@@ -112,9 +113,7 @@ def _parameter_spread(
     for v in (p.low, p.high):
         if v == p.value:
             continue
-        ends.append(
-            None if p.name == "kv_blocks" and v < 1 else _run(reqs, variant(setup, p.name, v))
-        )
+        ends.append(None if p.name == "kv_blocks" and v < 1 else run(variant(setup, p.name, v)))
     out = {}
     for k, b in base.items():
         if any(e is None for e in ends):
@@ -126,7 +125,7 @@ def _parameter_spread(
 
 
 def _profile_spread(
-    reqs: Sequence[ReplayRequest],
+    run: Runner,
     setup: ReplaySetup,
     base: dict[str, float],
     draws: int,
@@ -138,7 +137,7 @@ def _profile_spread(
     rows = []
     for _ in range(draws):
         p = IterationPricer(perturbed(pricer.tables, residuals, rng), pricer.shape, pricer.parallel)
-        got = _run(reqs, setup._replace(pricer=p))
+        got = run(setup._replace(pricer=p))
         if got is not None:
             rows.append(got)
     out = {}
@@ -159,8 +158,15 @@ def interval_sources(
     *,
     profile_replays: int = PROFILE_REPLAYS,
     seed: int = 0,
+    runner: Runner | None = None,
 ) -> list[IntervalSource]:
-    """Every source's spread per metric (module docstring); `engines` is the baseline."""
+    """Every source's spread per metric (module docstring); `engines` is the baseline.
+
+    `runner` replays one variant setup and returns its metrics (None: it cannot run, e.g.
+    KV too small for a request); the default replays `reqs` on the engine model. Another
+    replay (a PD split or several instances on the cluster simulator) passes its own and
+    gets the same sources."""
+    run: Runner = runner or (lambda s: _run(reqs, s))
     base = _sim_values(reqs, engines)
     base = {k: v for k, v in base.items() if k in metrics}
     out = [
@@ -174,14 +180,14 @@ def interval_sources(
             IntervalSource(
                 "profile", "held-out residuals",
                 f"{profile_replays} replays on draws of the operator grid's measurement error",
-                profile_replays, _profile_spread(reqs, setup, base, profile_replays, seed),
+                profile_replays, _profile_spread(run, setup, base, profile_replays, seed),
             )
         )  # fmt: skip
     peak = max((b for e in engines for *_, b in e.trace), default=0)
     for p in parameters:
         if not p.ranged:
             continue
-        spread, n = _parameter_spread(p, reqs, setup, base, peak)
+        spread, n = _parameter_spread(p, run, setup, base, peak)
         how = f"{p.name} at {_fmt(p.low)} and {_fmt(p.high)} (replayed: {_fmt(p.value)})"
         if n == 0:
             how += f"; not replayed: the replay used at most {peak} blocks"

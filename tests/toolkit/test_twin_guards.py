@@ -82,6 +82,9 @@ def test_the_wrong_model_is_refused_and_force_marks_the_twin(env: dict[str, Path
         runner.invoke(app, ["runs", "show", db, doc["twin_run_id"], "--json"]).stdout
     )
     assert shown["config"]["forced"] is True
+    from toolkit.plots import twin_cdf
+
+    assert "FORCED" in twin_cdf(env["db"], doc["twin_run_id"]).to_json()  # pdlab report's figure
     # advise never takes it implicitly, and refuses it by name
     rec = load_run(env["db"], "llama", profile=str(env["llama"]))
     assert rec.twin_run_id is None and "FORCED" in (rec.twin_note or "")
