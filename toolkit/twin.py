@@ -50,12 +50,13 @@ from toolkit.twin_metrics import (
     Timings,
     TwinMetric,
     compare,
-    point_values,
     request_spread,
+    run_values,
     twin_run_id,
 )
 from toolkit.twin_parameters import ReplayParameter, setup_of
 
+SPAN_KEYS = ("span_s", "throughput_tok_s")
 __all__ = ["TwinResult", "replay_inputs", "run_twin", "sim_timings", "store_twin_run"]
 
 
@@ -210,10 +211,11 @@ def run_twin(
     sources: list[IntervalSource] | None = None
     t1 = time.perf_counter()
     if interval:
-        base = {k: v for k, v in point_values(sim_t).items() if k in metrics}
+        # the metrics, and span and token rate for `pdlab validate` (toolkit.validate_bench)
+        base = {k: v for k, v in run_values(sim_t).items() if k in metrics or k in SPAN_KEYS}
         sources = interval_sources(
-            base, inputs.parameters, engine_runner(reqs, setup_of(inputs)),
-            requests={k: request_spread(metrics[k]) for k in base},
+            base, inputs.parameters, engine_runner(reqs, setup_of(inputs), run_values),
+            requests={k: request_spread(metrics[k]) for k in base if k in metrics},
             peak_blocks=[max((b for e in engines for *_, b in e.trace), default=0)],
             profile_replays=profile_replays, seed=seed,
         )  # fmt: skip

@@ -14,7 +14,9 @@ Sources, each a (down, up) spread of log(sim / real) per metric, combined in qua
   variant whose KV cannot hold a request (or no KV at all) makes that side unbounded
   ("not known"). KV variants are skipped, with no spread, when the baseline replay never
   used as many blocks as the low end holds (then neither end changes a step);
-- exact parameters (recorded, described, given) add nothing of their own.
+- exact parameters (recorded, described, given) add nothing of their own; a parameter with
+  an unbounded end (an MoE block composed from operators timed apart, `moe_block`) makes
+  every metric's interval "not known" on both sides, with no replay.
 A replay of several instances (a cluster: toolkit.twin_lss) lists each instance's
 parameters; one that every instance has alike is varied on all of them together, one that
 differs is varied per instance (`kv_blocks[1]`).
@@ -232,6 +234,11 @@ def interval_sources(
             zero = _spreads(base, [])
             how += f"; not replayed: the replay used at most {max(peaks[i] for i in where)} blocks"
             out.append(IntervalSource(name, p.source, how, 0, *zero))
+            continue
+        if not (math.isfinite(p.low) and math.isfinite(p.high)):
+            # an end nothing bounds: the interval does not know how far the metric may go
+            how += "; not replayed: no measured bound"
+            out.append(IntervalSource(name, p.source, how, 0, *_spreads(base, [None])))
             continue
         ends: list[dict[str, Value] | None] = []
         for v in (p.low, p.high):

@@ -145,10 +145,34 @@ def compare(
 def request_spread(m: TwinMetric) -> tuple[float, float]:
     """(down, up): how far log(1 + error) may go below and above its value over requests,
     from the bootstrap interval `m.ci95` (module docstring)."""
-    u = np.log1p(m.error)
-    lo, hi = m.ci95
+    return interval_spread(m.error, m.ci95)
+
+
+def interval_spread(error: float, ci95: tuple[float, float]) -> tuple[float, float]:
+    """(down, up) of log(1 + error) that an interval `ci95` of the error spans around it
+    (a side the interval does not reach past the error adds nothing)."""
+    u = np.log1p(error)
+    lo, hi = ci95
     down = u - np.log1p(lo) if lo > -1.0 else np.inf
-    return float(max(down, 0.0)), float(max(np.log1p(hi) - u, 0.0))
+    up = np.log1p(hi) - u if np.isfinite(hi) else np.inf
+    return float(max(down, 0.0)), float(max(up, 0.0))
+
+
+def span_values(t: Timings, idx: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """`span_s` (first arrival to last token) and `throughput_tok_s` (output tokens over
+    that span) of `t`, on every resample row of `idx` (all requests when None)."""
+    out, arr, done = (
+        (t.t_out, t.t_arrival, t.t_done)
+        if idx is None
+        else (t.t_out[idx], t.t_arrival[idx], t.t_done[idx])
+    )
+    span = np.asarray(done.max(axis=-1) - arr.min(axis=-1))
+    return {"span_s": span, "throughput_tok_s": np.asarray(out.sum(axis=-1) / span)}
+
+
+def run_values(t: Timings) -> dict[str, float]:
+    """Every metric of `t` (point_values) and its span and output token rate."""
+    return point_values(t) | {k: float(v) for k, v in span_values(t).items()}
 
 
 def combined_interval(

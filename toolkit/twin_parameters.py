@@ -7,7 +7,9 @@ comes from, and `low`..`high` (both None: exact) is the range the interval carri
 - described: the run's cluster description states it, but nothing measured it on the run
   (the interconnect of `cluster_config.json`); given: a flag the user passed;
 - profile: the operator profile measured it; assumed: nothing measured it;
-- estimated: computed from other facts (KV blocks from GPU memory).
+- estimated: computed from other facts (KV blocks from GPU memory);
+- composed: summed from operators measured apart, with no measurement of the whole (an
+  infinite end: the interval's sides are "not known").
 
 `replay_parameters` lists the ones a replay of these settings depends on, each uncertain
 quantity once:
@@ -15,11 +17,12 @@ quantity once:
 | name | when | value and range (why) |
 |---|---|---|
 | `kv_blocks` | KV from GPU memory | vLLM's budget; `EngineSettings.kv_blocks_range`: the non-KV reserve x0.5..x2, a nominal memory size up to 3% less (a "24 GB" RTX 4090 shows 23.5 GiB) |
-| `link_gbps`, `link_latency_s` | TP > 1, or MoE with EP > 1 | described / given: exact (their error is `collective_cost`'s); the profile's assumption: 8-64 GB/s (PCIe 4.0 x16 through the host to PCIe 5.0 x16 peer to peer) and 2-50 us per collective |
+| `link_gbps`, `link_latency_s` | TP > 1, MoE with EP > 1, or a PD split's KV transfers | described / given: exact (their error is `collective_cost`'s); the profile's assumption: 8-64 GB/s (PCIe 4.0 x16 through the host to PCIe 5.0 x16 peer to peer) and 2-50 us per collective |
 | `collective_cost` | same, link described or given | x0.8-1.25 on every collective's latency + bytes / bandwidth (one effective figure for every message size, where NCCL reaches its bus bandwidth only on large messages) |
 | `expert_load_skew` | MoE with EP > 1 | the profile's (1 = balanced), 1.0-1.2 (the busiest rank's share of expert-token pairs: gates trained with a load-balancing loss, 128/EP experts averaged per rank) |
 | `cpu_overhead` | always | 0, up to 1 x vidur's measurement of vLLM's `schedule` + `prepare_inputs` on an A100 host: 0.189 ms + 3.68 us per sequence (fit of `a100_cpu_overheads_commit-e2d00e9.csv`, batches 8-128; output processing left out, as vLLM V1 runs it in another process; async scheduling hides part or all of the rest) |
 | `cuda_graph_saving_s` | unless the run says it ran eager | 0, up to cluster.hardware.profile_error.kernel_gap_s: the launch gaps CUDA graphs remove from the eager-mode profile |
+| `moe_block` | an MoE block composed from per-expert operators (the layers.csv layout) | x1, range 0 to not known: the engine's fused MoE was never measured (cluster.hardware.profile_error.moe_composed), so its time has no measured bound above; the interval's sides are then "not known" |
 | `cuda_graph_max_batch` | DP ranks in step | recorded, or 0 (no DP padding) in 0-512 (vLLM's largest default capture size) |
 
 `vary(setup, parameter, value)` is a `ReplaySetup` (what one engine's replay runs with) with
@@ -29,6 +32,7 @@ one parameter at another value; `with_parameters(inputs, {name: value})` the sam
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -36,7 +40,7 @@ from cluster.core import ConfigError
 from cluster.hardware.engine import EngineSettings, KvCapacity
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.pricer import IterationPricer
-from cluster.hardware.profile_error import kernel_gap_s
+from cluster.hardware.profile_error import kernel_gap_s, moe_composed, with_moe_scaled
 from cluster.sim.engine_model import IterationOverhead
 from cluster.sim.engine_model.replay import steps_together
 
@@ -58,7 +62,7 @@ class ReplayParameter:
 
     name: str
     value: float
-    source: str  # recorded | described | given | profile | assumed | estimated
+    source: str  # recorded | described | given | profile | assumed | estimated | composed
     low: float | None = None
     high: float | None = None
     note: str = ""
@@ -133,16 +137,18 @@ def replay_parameters(
     *,
     eager: bool = False,
     nominal_memory: bool = True,
+    kv_transfers: bool = False,
 ) -> tuple[ReplayParameter, ...]:
     """The parameters a replay of `engine` depends on (module docstring's table).
 
     `link` says where the collectives' link comes from (toolkit.engine_inputs), `eager`
     whether the run recorded that it ran without CUDA graphs, `nominal_memory` whether its
-    GPU memory is a nominal size rather than the device's."""
+    GPU memory is a nominal size rather than the device's, `kv_transfers` whether the
+    engine sends or receives KV over that link (an instance of a PD split)."""
     par = pricer.parallel
     out = [_kv(engine, shape, kv, nominal_memory)]
     expert_parallel = shape.is_moe and engine.expert_parallel_size > 1
-    if engine.tensor_parallel_size > 1 or expert_parallel:
+    if engine.tensor_parallel_size > 1 or expert_parallel or kv_transfers:
         out += _link(pricer, link)
     if expert_parallel:
         out.append(
@@ -166,6 +172,15 @@ def replay_parameters(
                 "cuda_graph_saving_s", 0.0, "assumed", 0.0, kernel_gap_s(pricer.tables, shape),
                 "eager profile: CUDA graphs remove up to one launch gap per kernel",
                 "s per iteration",
+            )
+        )  # fmt: skip
+    if moe_composed(pricer.tables):
+        out.append(
+            ReplayParameter(
+                "moe_block", 1.0, "composed", 0.0, math.inf,
+                "the MoE block is summed from separately timed expert operators; the engine's "
+                "fused MoE (routing, permutation, grouped GEMMs) was not measured",
+                "x the composed block's time",
             )
         )  # fmt: skip
     if steps_together(engine, pricer):
@@ -214,6 +229,10 @@ def vary(setup: ReplaySetup, p: ReplayParameter, value: float) -> ReplaySetup:
         case "cuda_graph_saving_s":
             per_iteration = o.per_iteration_s - (value - p.value)
             return setup._replace(overhead=IterationOverhead(per_iteration, o.per_sequence_s))
+        case "moe_block":
+            t = with_moe_scaled(setup.pricer.tables, value / p.value)
+            pr = setup.pricer
+            return setup._replace(pricer=IterationPricer(t, pr.shape, pr.parallel, pr.memory_gbps))
         case "cuda_graph_max_batch":
             engine = replace(setup.engine, cuda_graph_max_batch=int(value) or None)
             return setup._replace(engine=engine)

@@ -21,6 +21,14 @@ attention and the MoE block, plus the per-iteration and per-sequence operators, 
 most the profile's cheapest call (an embedding or final norm of one token: a kernel that
 does almost nothing). The engine's compiled graphs also fuse elementwise operators, which
 this bound leaves out; the profile notes it was timed in eager mode.
+
+`moe_composed(tables)`: whether the MoE block was composed from separately timed operators
+(the layers.csv layout: router, one expert's projections by routed tokens, activation;
+cluster.hardware.layer_tables) rather than measured as the engine runs it (moe.csv: the
+whole block). The engine's fused MoE (routing, token permutation, grouped GEMMs) was then
+not measured at all, so nothing bounds how far the composition is off: the twin's interval
+says "not known" (toolkit.twin_parameters `moe_block`). `with_moe_scaled` multiplies the
+block's times.
 """
 
 from __future__ import annotations
@@ -162,3 +170,20 @@ def kernel_gap_s(tables: OperatorTables, shape: ModelShape) -> float:
     if iter_ops and tables.dense_iter.y.size:
         floors.append(float(tables.dense_iter.y[0]) / iter_ops)
     return (shape.num_layers * per_layer + per_iteration) * min(floors)
+
+
+EXPERT_OPS = ("expert.w1", "expert.w2", "expert.w3")
+
+
+def moe_composed(tables: OperatorTables) -> bool:
+    """Whether the MoE block was composed from per-expert operators (module docstring)."""
+    return tables.moe is not None and any(op in EXPERT_OPS for op in tables.ops)
+
+
+def with_moe_scaled(tables: OperatorTables, factor: float) -> OperatorTables:
+    """`tables` with every MoE block time multiplied by `factor`."""
+    if tables.moe is None:
+        return tables
+    moe = tables.moe.copy()
+    moe[:, 2] *= factor
+    return replace(tables, moe=moe)
