@@ -232,13 +232,15 @@ def _print_ranks_and_parameters(console: Any, doc: dict[str, Any]) -> None:
         )
 
     def fmt(v: float | None) -> str:
-        return "" if v is None else f"{v:.0f}" if v == int(v) and abs(v) >= 1 else f"{v:.3g}"
+        if v is None or not math.isfinite(v):
+            return "not known"
+        return f"{v:.0f}" if v == int(v) and abs(v) >= 1 else f"{v:.3g}"
 
     console.print(
         "replay parameters (source; range when not exact): "
         + "; ".join(
             f"{p['name']} = {fmt(p['value'])} ({p['source']}"
-            + (f", range {fmt(p['low'])}-{fmt(p['high'])}" if p["low"] is not None else "")
+            + (f", range {fmt(p['low'])}-{fmt(p['high'])}" if p["ranged"] else "")
             + ")"
             for p in doc["parameters"]
         )

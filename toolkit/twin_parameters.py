@@ -79,7 +79,8 @@ class ReplayParameter:
             "unit": self.unit,
             "source": self.source,
             "low": self.low,
-            "high": self.high,
+            "high": self.high,  # inf (JSON: null with "ranged") = no measured bound
+            "ranged": self.ranged,
             "note": self.note,
         }
 
