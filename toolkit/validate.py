@@ -87,9 +87,7 @@ def validate_runs(
     notes: dict[str, list[str]] = {}
     for run in runs or list(sources):
         if sources[run] == "lss-run":
-            got = cluster_rows(
-                db, run, samples=samples, seed=seed, profile_replays=profile_replays
-            )
+            got = cluster_rows(db, run, samples=samples, seed=seed, profile_replays=profile_replays)
         elif run in profiles:
             got = bench_rows(
                 db, run, profiles[run], samples=samples, seed=seed,

@@ -188,7 +188,7 @@ def _throughput_rows(
         ))  # fmt: skip
     covered = share(inside_band(twin, "throughput", real, real > 0))
     rows.append(make_row(
-        run, "throughput_tick_mape", float(np.mean(real[real > 0])), float(np.mean(series[real[: len(series)] > 0])),
+        run, "throughput_tick_mape", float(np.mean(real[real > 0])), float(np.mean(series[: len(real)][real[: len(series)] > 0])),
         tick_mape(real, series), block_interval(tick_mape, real, series, **kw),
         {p: tick_mape(real, v) for p, v in peers.items()}, "fraction", ticks_covered=covered, per_tick=True,
     ))  # fmt: skip
