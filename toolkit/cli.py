@@ -15,6 +15,7 @@ from toolkit.commands_lab import lab_command
 from toolkit.commands_profile import profile_app
 from toolkit.commands_recover import recover_command
 from toolkit.commands_report import report_command
+from toolkit.commands_runs import runs_app
 from toolkit.commands_serve import serve_command
 from toolkit.commands_sim import experiment_command, simulate_command
 from toolkit.commands_sweep import sweep_command
@@ -62,6 +63,7 @@ app.command("attach")(attach_command)
 app.add_typer(collect_app, name="collect")
 app.add_typer(import_app, name="import")
 app.add_typer(profile_app, name="profile")
+app.add_typer(runs_app, name="runs")
 
 
 if __name__ == "__main__":  # pragma: no cover
