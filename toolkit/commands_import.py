@@ -128,6 +128,9 @@ def vllm_bench_command(
     model_config: Path | None = typer.Option(
         None, "--model-config", help="The model's HF config.json (MoE shape of the nodes)."
     ),
+    replace: bool = typer.Option(
+        False, "--replace", help="Replace a run of the same id (its rows in every table)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Import vLLM benchmark results (`vllm bench serve --save-result [--save-detailed]`)."""
@@ -160,7 +163,7 @@ def vllm_bench_command(
                 runs += read_vllm_result(
                     f.path, run_id=rid, engine_args=engine_args, model_config=model_config
                 )
-        _write_and_report(db, runs, as_json)
+        _write_and_report(db, runs, as_json, replace)
 
     _guarded(run)
 
