@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from telemetry.silicon_table import SILICON_VALIDATION_COLUMNS
+
 SCHEMA_VERSION = 1
 META_TABLE = "pdlab_meta"
 FINALIZED_TABLE = "pdlab_live_finalized"
@@ -448,6 +450,8 @@ TABLES: dict[str, tuple[Column, ...]] = {
             nonnegative=True,
         ),
     ),
+    # `pdlab validate silicon`: one row per row of a silicon CSV (telemetry/silicon_table.py).
+    "silicon_validation": (RUN_ID, *(_c(**c) for c in SILICON_VALIDATION_COLUMNS)),
 }
 
 # Columns whose values must be finite (no NaN/inf) when present.

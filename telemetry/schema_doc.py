@@ -37,6 +37,9 @@ TABLE_DOCS: dict[str, str] = {
     "router_decisions": "One row per routing decision (Alg. E.3's inner loop).",
     "model_fits": "One row per node and phase fitted by `pdlab fit` (Eq. 1, Eq. 2).",
     "programs": "One row per finished agent program (paper 003 §3.1).",
+    "silicon_validation": "One row per row of a silicon CSV checked by `pdlab validate "
+    "silicon` (docs/silicon.md): measured TTFT and TPOT beside the twin's and "
+    "AIConfigurator's.",
 }
 
 _INTRO = """\

@@ -18,6 +18,7 @@ from toolkit.commands_serve import serve_command
 from toolkit.commands_sim import experiment_command, simulate_command
 from toolkit.commands_sweep import sweep_command
 from toolkit.commands_twin import twin_command
+from toolkit.commands_validate import validate_command
 
 app = typer.Typer(
     name="pdlab",
@@ -55,6 +56,7 @@ app.command("lab")(lab_command)
 app.command("engine")(engine_command)
 app.command("twin")(twin_command)
 app.command("advise")(advise_command)
+app.command("validate")(validate_command)
 app.add_typer(collect_app, name="collect")
 app.add_typer(import_app, name="import")
 app.add_typer(profile_app, name="profile")

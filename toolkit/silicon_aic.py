@@ -1,0 +1,92 @@
+"""AIConfigurator's own estimator on silicon rows: the peer figure beside pdlab's twin.
+
+`AicEstimator.estimate(row)` calls `aiconfigurator.cli.api.cli_estimate` (package
+`aiconfigurator`, the `pdlab[aic]` extra) with the row's system, backend, model, ISL, OSL,
+quantization and parallelism (batch size and TP/PP/DP/MoE TP/EP for agg; the prefill and
+decode workers' for disagg), as AIConfigurator's own silicon-sample regression script
+does: with its database's default version when the row's version has none. The database
+version is resolved once per (system, backend) (resolving it parses every YAML of the
+database: ~1 s a call). Rows it cannot estimate return None with the reason. The model id
+goes through the same aliases as pdlab's (`silicon_rows.MODEL_ALIASES`), the only
+checkpoints whose config ships with AIConfigurator under another id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+from typing import Any, NamedTuple
+
+from toolkit.silicon_rows import SiliconRow
+
+PARALLEL = ("tp_size", "pp_size", "attention_dp_size", "moe_tp_size", "moe_ep_size")
+
+
+class AicEstimate(NamedTuple):
+    ttft_ms: float | None
+    tpot_ms: float | None
+    error: str | None
+
+
+def available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("aiconfigurator") is not None
+
+
+class AicEstimator:
+    """AIConfigurator's `cli_estimate` with the database version resolved once per system."""
+
+    def __init__(self) -> None:
+        from aiconfigurator.cli.api import cli_estimate
+        from aiconfigurator_core.sdk.perf_database import get_latest_database_version
+
+        self._estimate = cli_estimate
+        self._latest = get_latest_database_version
+        self._versions: dict[tuple[str, str], str | None] = {}
+        logging.getLogger("aiconfigurator").setLevel(logging.ERROR)
+        logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
+
+    def version(self, system: str, backend: str) -> str | None:
+        key = (system, backend)
+        if key not in self._versions:
+            with contextlib.redirect_stdout(io.StringIO()):
+                self._versions[key] = self._latest(system=system, backend=backend)
+        return self._versions[key]
+
+    def _args(self, row: SiliconRow) -> dict[str, Any]:
+        args: dict[str, Any] = {
+            "model_path": row.model_id,
+            "system_name": row.system,
+            "mode": row.mode,
+            "backend_name": row.backend,
+            "backend_version": self.version(row.system, row.backend),
+            "isl": row.isl,
+            "osl": row.osl,
+            "gemm_quant_mode": row.gemm_quant,
+            "moe_quant_mode": row.moe_quant,
+        }
+        if row.mode == "agg":
+            for f in ("batch_size", *PARALLEL):
+                if row.agg.get(f):
+                    args[f] = row.agg[f]
+        else:
+            for stage, cols in (("prefill", row.prefill), ("decode", row.decode)):
+                for f in (*PARALLEL, "batch_size", "num_workers"):
+                    if cols.get(f):
+                        args[f"{stage}_{f}"] = cols[f]
+        return args
+
+    def estimate(self, row: SiliconRow) -> AicEstimate:
+        try:
+            with (
+                contextlib.redirect_stdout(io.StringIO()),
+                contextlib.redirect_stderr(io.StringIO()),
+            ):
+                r = self._estimate(**self._args(row))
+            return AicEstimate(float(r.ttft), float(r.tpot), None)
+        except Exception as exc:  # AIConfigurator raises many kinds; each row's reason is kept
+            return AicEstimate(
+                None, None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+            )
