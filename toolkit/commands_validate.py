@@ -44,6 +44,7 @@ def _pct(x: float | None) -> str:
 
 def _print(summary: dict[str, Any]) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     aic = summary["aiconfigurator_installed"]
@@ -51,8 +52,10 @@ def _print(summary: dict[str, Any]) -> None:
         title="pdlab twin vs AIConfigurator on real deployments (MAPE over rows both predicted)",
         caption="rows: compared; pdlab: rows replayed",
     )
-    for col in ("partition", "rows", "pdlab", "pdlab TTFT", "pdlab TPOT", "AIC TTFT", "AIC TPOT"):
-        table.add_column(col, justify="left" if col == "partition" else "right")
+    width = max([len("partition"), *(len(p["partition"]) for p in summary["partitions"])])
+    table.add_column("partition", no_wrap=True, min_width=width)
+    for col in ("rows", "pdlab", "pdlab TTFT", "pdlab TPOT", "AIC TTFT", "AIC TPOT"):
+        table.add_column(col, justify="right")
 
     def add(name: str, s: dict[str, Any], bold: bool = False) -> None:
         a = s["aiconfigurator"] or {}
@@ -72,11 +75,10 @@ def _print(summary: dict[str, Any]) -> None:
         f"({100 * cov['disagg_share']:.1f}%); {summary.get('runtime_s', 0):.0f} s"
     )
     for reason, n in summary["unsupported"].items():
-        console.print(f"[dim]unsupported ({n}): {reason}[/dim]")
+        console.print(f"[dim]unsupported ({n}): {escape(reason)}[/dim]")
     if not aic:
-        console.print(
-            "[dim]AIConfigurator's estimator not installed (pip install 'pdlab[aic]')[/dim]"
-        )
+        hint = escape("AIConfigurator's estimator not installed (pip install 'pdlab[aic]')")
+        console.print(f"[dim]{hint}[/dim]")
 
 
 def validate_command(

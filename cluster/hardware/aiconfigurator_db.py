@@ -422,9 +422,12 @@ class KernelDatabase:
             d = {"latency": np.array([])}
         if not len(d["latency"]):
             keys = {"num_gpus": num_gpus, "op_name": "all_reduce", "nccl_dtype": "half"}
-            d = self._read(
-                "comm", "nccl_perf.parquet", keys, ["message_size", "latency"], backend="nccl"
-            )
+            try:
+                d = self._read(
+                    "comm", "nccl_perf.parquet", keys, ["message_size", "latency"], backend="nccl"
+                )
+            except ConfigError:
+                d = {"latency": np.array([])}
         if not len(d["latency"]):
             raise ConfigError(f"{self.system}: no all-reduce rows for {num_gpus} GPUs")
         best: dict[float, float] = {}

@@ -104,6 +104,7 @@ class BenchmarkProtocol:
 
 
 INFERENCEX = BenchmarkProtocol()
+REPLY_S = 1e-6  # a client's round trip: positive, so its next request misses a started iteration
 
 
 class ClosedLoopResult(NamedTuple):
@@ -155,7 +156,10 @@ class _Loop:
     def _complete(self, r: UniformRequest, t: float) -> None:
         self.done.append(r)
         self.preemptions += r.preemptions
-        self.send(r.client, t)
+        # The client answers after it has seen the last token; by then the engine, which
+        # never waits for a client, has started its next iteration: the new request joins
+        # the one after (any positive round trip; REPLY_S stands for it).
+        self.send(r.client, t + REPLY_S)
 
     def _on_iteration(
         self, w: Worker, prefilled: list[UniformRequest], done: list[UniformRequest], t: float
