@@ -35,4 +35,6 @@ SILICON_VALIDATION_COLUMNS: tuple[dict[str, Any], ...] = (
     {"name": "profile", "sql": "VARCHAR", "doc": "the composed profile(s) replayed", "nullable": True},
     {"name": "requests", "sql": "INTEGER", "doc": "requests the closed loop ran", "nullable": True,
      "nonnegative": True},
+    {"name": "tpot_floor_ms", "sql": "DOUBLE", "doc": "least TPOT the row's own TTFT, TPOT and "
+     "concurrency allow (weights and KV read at memory bandwidth); NULL: not replayed", **_OPT_MS},
 )  # fmt: skip

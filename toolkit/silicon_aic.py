@@ -1,5 +1,9 @@
 """AIConfigurator's own estimator on silicon rows: the peer figure beside pdlab's twin.
 
+`python -m toolkit.silicon_aic ROWS.jsonl OUT.jsonl` estimates rows (one JSON SiliconRow a
+line) in a process of its own, one JSON line of results per row, so that
+`pdlab validate silicon` runs it beside the twin (`start_worker`, `read_results`).
+
 `AicEstimator.estimate(row)` calls `aiconfigurator.cli.api.cli_estimate` (package
 `aiconfigurator`, the `pdlab[aic]` extra) with the row's system, backend, model, ISL, OSL,
 quantization and parallelism (batch size and TP/PP/DP/MoE TP/EP for agg; the prefill and
@@ -15,7 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from toolkit.silicon_rows import SiliconRow
@@ -90,3 +99,33 @@ class AicEstimator:
             return AicEstimate(
                 None, None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
             )
+
+
+def start_worker(rows: list[SiliconRow], workdir: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    """Estimate `rows` in a child process (module docstring); (process, results file)."""
+    src, out = workdir / "aic_rows.jsonl", workdir / "aic_results.jsonl"
+    src.write_text("".join(json.dumps(asdict(r)) + "\n" for r in rows))
+    out.write_text("")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "toolkit.silicon_aic", str(src), str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    return proc, out
+
+
+def read_results(out: Path) -> list[AicEstimate]:
+    return [AicEstimate(*json.loads(line)) for line in out.read_text().splitlines() if line]
+
+
+def _main(argv: list[str]) -> None:
+    rows = [SiliconRow(**json.loads(line)) for line in Path(argv[0]).read_text().splitlines()]
+    est = AicEstimator()
+    with Path(argv[1]).open("a") as f:
+        for r in rows:
+            f.write(json.dumps(list(est.estimate(r))) + "\n")
+            f.flush()
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

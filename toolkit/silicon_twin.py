@@ -25,14 +25,17 @@ from cluster.hardware.aiconfigurator_db import KernelDatabase
 from cluster.hardware.aiconfigurator_profile import (
     ENGINE_DEFAULTS,
     QUANTS,
+    WEIGHT_BYTES,
     AicTarget,
     build_aic_profile,
+    quantized_weight_bytes,
     unsupported_reason,
 )
 from cluster.hardware.model_shape import ModelShape
 from cluster.sim.engine_model.closed_loop import INFERENCEX, BenchmarkProtocol, Worker, closed_loop
 from cluster.sim.engine_model.pricing import iteration_time
 from cluster.sim.engine_model.uniform_engine import EngineLimits, UniformEngine
+from models.iteration import phi
 from toolkit.silicon_rows import Parallel, SiliconRow, find_model_config, read_config
 
 
@@ -54,6 +57,9 @@ class _Engine:
     profile: Any
     limits: EngineLimits
     key: str
+    weight_bytes: int  # per GPU, at the quantized dtypes
+    expert_bytes: int  # the routed experts' share of weight_bytes
+    kv_bytes_per_token: int  # per GPU
 
 
 def _reason(exc: ConfigError) -> str:
@@ -157,7 +163,11 @@ class SiliconTwin:
             e.mixed_prefill_decode, e.enable_chunked_prefill,
             ENGINE_DEFAULTS[row.backend].reserve_full_sequence,
         )  # fmt: skip
-        return _Engine(prof, limits, "/".join(str(k) for k in key))
+        kv = shape.kv_bytes_per_token(par.tp, 1 if target.kv_dtype == "fp8" else 2)
+        weights = quantized_weight_bytes(shape, target)
+        experts = shape.param_counts()["ep"] / (target.moe_tp_size * target.moe_ep)
+        expert_bytes = int(experts * WEIGHT_BYTES[target.moe_dtype])
+        return _Engine(prof, limits, "/".join(str(k) for k in key), weights, expert_bytes, kv)
 
     def _worker(
         self, eng: _Engine, ranks: int, row: SiliconRow, *, prefill: bool = True,
@@ -235,6 +245,31 @@ class SiliconTwin:
         return TwinResult(
             res.ttft_s * 1e3, res.tpot_s * 1e3, res.requests, res.iterations, res.preemptions, keys
         )
+
+    def tpot_floor_ms(self, row: SiliconRow) -> float:
+        """The least TPOT the row's measurements allow: a decode step reads the weights (of
+        an MoE layer, the experts its tokens touch: phi of App. B.3) and the KV of the
+        requests decoding (Little's law on the measured TTFT and TPOT: the share of each
+        request's life spent decoding) at the GPU's memory bandwidth."""
+        shape = self.shape(row)
+        stage = "agg" if row.mode == "agg" else "decode"
+        par = row.parallel(stage, shape.is_moe)
+        eng = self.engine(row, par, shape)
+        engines = par.dp * par.workers
+        decode_s = row.osl * row.tpot_ms
+        decoding = (
+            row.concurrency
+            / engines
+            * decode_s
+            / (decode_s + (row.ttft_ms if stage == "agg" else 0.0))
+        )
+        ctx = 0.9 * row.isl + 0.45 * row.osl  # the mean context of the protocol's decodes
+        touched = (
+            float(phi(decoding * par.dp, shape.top_k, shape.num_experts)) if shape.is_moe else 1.0
+        )
+        weights = eng.weight_bytes - eng.expert_bytes * (1.0 - touched)
+        bytes_read = weights + decoding * ctx * eng.kv_bytes_per_token
+        return 1e3 * bytes_read / self._db(row.system, row.backend).spec.mem_bw_bytes_s
 
     def transfer_s(self, row: SiliconRow, shape: ModelShape, pre: Parallel, dec: Parallel) -> float:
         """Seconds to move one prompt's KV from a prefill to a decode worker (module doc)."""

@@ -28,6 +28,7 @@ from toolkit.silicon_rows import SiliconRow, load_rows
 from toolkit.silicon_twin import SiliconTwin, Unsupported
 
 SOURCE = "validate-silicon"
+FLOOR_SLACK = 0.5  # a row is flagged when its TPOT is under half its memory floor
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +53,12 @@ class RowResult:
     aic_error: str | None = None
     profile: str | None = None
     requests: int | None = None
+    tpot_floor_ms: float | None = None  # the least TPOT the row's own numbers allow
+
+    @property
+    def consistent(self) -> bool:
+        """False when the measured TPOT is under half the memory floor of its concurrency."""
+        return self.tpot_floor_ms is None or self.tpot_ms >= FLOOR_SLACK * self.tpot_floor_ms
 
     @property
     def pdlab_ok(self) -> bool:
@@ -157,8 +164,13 @@ def summarize(
         if r.pdlab_ok:
             by[r.partition].append(r)
     disagg = [r for r in results if r.mode == "disagg"]
+    ok = [r for r in results if r.pdlab_ok]
     doc: dict[str, Any] = {
-        "all": _scores([r for r in results if r.pdlab_ok], aic_on),
+        "all": _scores(ok, aic_on),
+        "consistent": {
+            **_scores([r for r in ok if r.consistent], aic_on),
+            "flagged": sum(not r.consistent for r in ok),
+        },
         "partitions": [{"partition": p, **_scores(rs, aic_on)} for p, rs in sorted(by.items())],
         "unsupported": dict(Counter(r.unsupported for r in results if r.unsupported).most_common()),
         "rows_total": len(results),
@@ -180,19 +192,6 @@ def summarize(
     return doc
 
 
-_ESTIMATOR: Any = None
-
-
-def _aic_chunk(rows: list[SiliconRow]) -> list[Any]:
-    """AIConfigurator's estimates of `rows` (in the worker process; its estimator persists)."""
-    global _ESTIMATOR
-    from toolkit.silicon_aic import AicEstimator
-
-    if _ESTIMATOR is None:
-        _ESTIMATOR = AicEstimator()
-    return [_ESTIMATOR.estimate(r) for r in rows]
-
-
 def _with_aic(r: RowResult, est: Any | None) -> RowResult:
     if est is None or not r.pdlab_ok:
         return r
@@ -206,17 +205,15 @@ def validate_silicon(
     model_dirs: Sequence[Path] = (),
     use_aic: bool = True,
     progress: Callable[[str, int, int], None] | None = None,
-    chunk: int = 100,
 ) -> tuple[list[RowResult], dict[str, Any]]:
     """Load the CSV, replay every row and estimate it with AIConfigurator; (results, summary).
 
-    AIConfigurator's estimator runs in a second process while the twin replays (it costs
+    AIConfigurator's estimator runs in a child process while the twin replays (it costs
     about as much, and the two share nothing), on the rows whose model pdlab composes.
     `progress(stage, done, total)` reports 'pdlab' rows replayed and 'aiconfigurator'
     rows estimated.
     """
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
+    import tempfile
 
     from toolkit import silicon_aic
 
@@ -231,13 +228,23 @@ def validate_silicon(
         results = validate_rows(rows, twin, progress=lambda n, t: report("pdlab", n, t))
     else:
         wanted = [i for i, r in enumerate(rows) if twin.composes(r)]
-        parts = [wanted[k : k + chunk] for k in range(0, len(wanted), chunk)]
-        with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
-            futures = [(part, pool.submit(_aic_chunk, [rows[i] for i in part])) for part in parts]
-            results = validate_rows(rows, twin, progress=lambda n, t: report("pdlab", n, t))
-            for done, (part, fut) in enumerate(futures):
-                ests.update(zip(part, fut.result(), strict=True))
-                report("aiconfigurator", min((done + 1) * chunk, len(wanted)), len(wanted))
+        with tempfile.TemporaryDirectory(prefix="pdlab-aic-") as tmp:
+            proc, out = silicon_aic.start_worker([rows[i] for i in wanted], Path(tmp))
+            try:
+                results = validate_rows(rows, twin, progress=lambda n, t: report("pdlab", n, t))
+                while proc.poll() is None:
+                    report("aiconfigurator", len(silicon_aic.read_results(out)), len(wanted))
+                    time.sleep(0.5)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+            got = silicon_aic.read_results(out)
+            if proc.returncode != 0 or len(got) != len(wanted):
+                err = (proc.stderr.read() if proc.stderr else b"").decode()[-300:]
+                raise RuntimeError(f"AIConfigurator's estimator process failed: {err}")
+            report("aiconfigurator", len(got), len(wanted))
+        ests = dict(zip(wanted, got, strict=True))
         results = [_with_aic(r, ests.get(i)) for i, r in enumerate(results)]
     return results, summarize(results, aic_on=on, runtime_s=time.perf_counter() - start)
 

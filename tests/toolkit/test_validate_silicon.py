@@ -148,3 +148,19 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
         app, ["validate", "silicon", str(bad), "--no-aic", "--aic-systems", str(SYSTEMS)]
     )
     assert res.exit_code == 2 and "missing column(s)" in res.output
+
+
+def test_a_row_faster_than_its_memory_floor_is_flagged(run: tuple[list[RowResult], dict]) -> None:
+    results, _ = run
+    twin = SiliconTwin(SYSTEMS, [CONFIGS])
+    row = next(r for r in load_rows(CSV) if r.row_id.endswith("c64_tp1_epnone_19"))
+    floor = twin.tpot_floor_ms(row)
+    # 8 GB of FP8 weights and 64 x ~7.6k tokens of FP8 KV at 4.8 TB/s: several ms a step
+    assert 2.0 < floor < row.tpot_ms
+    fast = replace(row, concurrency=2000)  # the same TPOT claimed at 2,000 clients
+    assert twin.tpot_floor_ms(fast) > 2 * row.tpot_ms
+    ok = [r for r in results if r.pdlab_ok]
+    bad = replace(ok[0], tpot_floor_ms=3 * ok[0].tpot_ms)
+    s = summarize([bad, *ok[1:]], aic_on=False)
+    assert s["consistent"]["flagged"] == 1 and s["consistent"]["rows"] == len(ok) - 1
+    assert s["all"]["rows"] == len(ok)
