@@ -192,11 +192,11 @@ class SiliconTwin:
             chunks: list[tuple[int, int]], decodes: int, mean_ctx: float, group: float
         ) -> float:
             # Iterations that differ by less than a bin price the same (the grid is linear
-            # within its cells): contexts to 8 tokens, chunks to 16 new / 256 cached tokens.
+            # within its cells): contexts to 16 tokens, chunks to 32 new / 256 cached tokens.
             key = (
-                tuple((n >> 4, c >> 8) for n, c in chunks),
+                tuple((n >> 5, c >> 8) for n, c in chunks),
                 decodes,
-                int(mean_ctx) >> 3,
+                int(mean_ctx) >> 4,
                 int(group),
             )
             t = memo.get(key)

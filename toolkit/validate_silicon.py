@@ -121,6 +121,7 @@ def validate_rows(
                 pdlab_tpot_ms=r.tpot_ms,
                 profile=r.profile,
                 requests=r.requests,
+                tpot_floor_ms=twin.tpot_floor_ms(row),
             )
         except Unsupported as exc:
             rec["unsupported"] = str(exc)

@@ -53,6 +53,7 @@ def test_every_row_is_replayed_or_declined_with_its_reason(
     for r in results:
         if r.pdlab_ok:
             assert r.pdlab_ttft_ms > 0 and r.pdlab_tpot_ms > 0 and r.requests == 10 * r.concurrency
+            assert 0 < r.tpot_floor_ms < r.tpot_ms and r.consistent
             assert r.profile.startswith("h200_sxm/vllm/")
 
 

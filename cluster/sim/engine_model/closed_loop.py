@@ -173,9 +173,10 @@ class _Loop:
             self._complete(r, t)
 
     def _span(self, w: Worker, bound: float) -> bool:
-        steps = min((e.span_steps() for e in w.engines if not e.idle), default=0)
-        if any(not e.idle and e.span_steps() == 0 for e in w.engines) or steps < 2:
+        spans = [e.span_steps() for e in w.engines if not e.idle]
+        if not spans or min(spans) < 2:
             return False
+        steps = min(spans)
         t0 = w.decode_time(0)
         t1 = w.decode_time(steps - 1)
         total = steps * (t0 + t1) / 2
