@@ -375,6 +375,8 @@ def build_aic_profile(
     limit = max(engine.max_num_batched_tokens or 8192, 8192)
     tables, notes = compose_tables(db, shape, target, max_tokens=limit)
     par = parallelism(target)
+    if shape.is_moe:
+        notes.append(_moe_phi_note(db, shape, target))
     fits: dict[Any, Any] = {}
     if fit:
         pricer = IterationPricer(tables, shape, par)
@@ -393,6 +395,27 @@ def build_aic_profile(
         engine=engine,
         kv_tokens=(engine.num_gpu_blocks or 0) * engine.block_size,
         notes=tuple(notes + engine_notes),
+    )
+
+
+def _moe_phi_note(db: KernelDatabase, shape: ModelShape, target: AicTarget) -> str:
+    """Eq. 2's MoE term on the MoE curve this profile prices with: the routing skew of
+    phi(B) fitted there (models.expert_skew), for fits from live logs to use the same."""
+    from models.expert_skew import fit_moe_term
+    from models.fitting import FitError
+
+    t = target
+    table = db.moe(shape.hidden_size, shape.moe_intermediate_size, shape.top_k,
+                   shape.num_experts, t.moe_tp_size, t.moe_ep, kernels(t.moe_dtype),
+                   t.distribution)  # fmt: skip
+    try:
+        uniform = fit_moe_term(table.x, table.y, shape.top_k, shape.num_experts, skew=0.0)
+        fit = fit_moe_term(table.x, table.y, shape.top_k, shape.num_experts)
+    except FitError as exc:
+        return f"phi(B) skew not fitted on the MoE table ({exc})"
+    return (
+        f"phi(B) on the MoE table: skew {fit.skew:g} (CV MAPE {100 * fit.cv_mape:.1f}% vs "
+        f"{100 * uniform.cv_mape:.1f}% with uniform routing); DecodeModel(skew=...) uses it"
     )
 
 

@@ -91,6 +91,7 @@ def test_moe_rows_come_back_through_the_pricers_key(db: KernelDatabase) -> None:
     for tokens in (1.0, 16.0, 256.0, 4096.0):
         assert p.pricer.moe_time(tokens) == pytest.approx(float(table(tokens)), rel=1e-9)
     assert tables.moe is not None
+    assert any(n.startswith("phi(B) on the MoE table: skew") for n in p.notes)
 
 
 def test_attention_dp_prices_the_groups_tokens_and_its_dispatch(db: KernelDatabase) -> None:
