@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -65,7 +66,7 @@ def expert_pick_probability(top_k: int, num_experts: int, skew: float) -> FloatA
     return np.minimum(1.0, top_k * w / w.sum())
 
 
-def phi_skewed(tokens: float | FloatArray, top_k: int, num_experts: int, skew: float):  # type: ignore[no-untyped-def]
+def phi_skewed(tokens: float | FloatArray, top_k: int, num_experts: int, skew: float) -> Any:
     """phi_s(T) = mean_i [1 - (1 - q_i)^T]: the fraction of experts T tokens touch."""
     if num_experts <= 0:
         return np.zeros_like(np.asarray(tokens, dtype=np.float64)) if np.ndim(tokens) else 0.0

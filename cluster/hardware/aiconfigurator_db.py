@@ -200,8 +200,8 @@ class KernelDatabase:
             )
         current = self._current(be)
         for v in (self.version, current):
-            if v in versions:
-                return base / v / filename, str(v)
+            if v is not None and v in versions:
+                return base / v / filename, v
         return base / versions[-1] / filename, versions[-1]
 
     def _read(
@@ -219,7 +219,7 @@ class KernelDatabase:
             (k, "in", list(v)) if isinstance(v, tuple) else (k, "=", v) for k, v in keys.items()
         ]
         t = pq.read_table(path, columns=columns, filters=filters or None)
-        rel = str(path.relative_to(self.root)) if self.root else str(path)  # type: ignore[arg-type]
+        rel = str(path.relative_to(self.root)) if self.root else str(path)
         plain = {k: list(v) if isinstance(v, tuple) else v for k, v in keys.items()}
         self.uses.append(TableUse(rel, version, plain, t.num_rows))
         return {c: t.column(c).to_numpy(zero_copy_only=False) for c in columns}

@@ -224,12 +224,13 @@ class _Loop:
 
     def _result(self, pool: list[Worker]) -> ClosedLoopResult:
         meas = self.done
-        ttft = sum(r.first_token_s - r.arrival_s for r in meas) / len(meas)  # type: ignore[operator]
+        first = [(r, r.first_token_s, r.done_s) for r in meas]
+        ttft = sum((f or 0.0) - r.arrival_s for r, f, _ in first) / len(meas)
         tpots = [
-            (r.done_s - r.first_token_s) / (r.output_tokens - 1)
-            for r in meas
+            ((d or 0.0) - (f or 0.0)) / (r.output_tokens - 1)
+            for r, f, d in first
             if r.output_tokens > 1
-        ]  # type: ignore[operator]
+        ]
         tpot = sum(tpots) / len(tpots) if tpots else 0.0
         return ClosedLoopResult(
             ttft,
