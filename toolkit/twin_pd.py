@@ -115,7 +115,9 @@ def pd_what_if(
     # The twin's pricer: the profile's grid with the recorded interconnect (what the
     # collocated nodes' mixed iterations are priced with, as the engine model's are), and
     # the engine's KV block size (what a cached prefix and a request's blocks are made of).
-    prof = replace(load_profile(str(profile)), pricer=inputs.pricer, block_tokens=engine.block_size)
+    prof = replace(
+        load_profile(str(profile)), pricer=inputs.pricer, block_tokens=engine.block_size
+    )
     dp = engine.data_parallel_size
     split = str(changes.get("split", "collocated"))
     nodes = _nodes(split, dp)
