@@ -9,14 +9,13 @@ least 95% of the ticks), and each peer simulator's error on the same metric. Ben
 profile they replay with (`--profile RUN=PROFILE.json`); cluster runs (`pdlab import
 lss-run`) carry theirs. `--json` prints {"rows": [...], "skipped": [...], "notes": {...}}.
 
-`pdlab validate silicon [CSV ...]` is another command sharing the name (issue 23): when the
-first argument is `silicon`, the rest go to `toolkit.validate_silicon.run_cli(args,
-as_json=...)`; until that module exists it is a clear error. Exit code 2 for bad input.
+`pdlab validate silicon [CSV] [--aic-systems DIR] [--model-configs DIR] [--no-aic] [--db DB
+--figure F.html]` shares the name (issue 23): the twin and AIConfigurator's estimator on
+real deployments (toolkit.commands_validate_silicon). Exit code 2 for bad input.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import statistics
@@ -32,20 +31,6 @@ SILICON = "silicon"
 def _fail(message: str) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(EXIT_INPUT)
-
-
-def _silicon(args: list[str], as_json: bool) -> None:
-    try:
-        mod = importlib.import_module("toolkit.validate_silicon")
-    except ModuleNotFoundError as exc:
-        if exc.name != "toolkit.validate_silicon":
-            raise
-        _fail(
-            "`pdlab validate silicon` is not available yet (issue 23 adds it in "
-            "toolkit/validate_silicon.py); `pdlab validate DB` validates imported runs"
-        )
-        return
-    mod.run_cli(args, as_json=as_json)
 
 
 def _profiles(items: list[str]) -> dict[str, str]:
@@ -141,9 +126,11 @@ def print_table(table: Any) -> None:
 
 def validate_command(
     target: str = typer.Argument(
-        ..., help="DuckDB database with imported real runs, or `silicon` (issue 23)."
+        ..., help="DuckDB database with imported real runs, or `silicon` (real deployments)."
     ),
-    extra: list[str] | None = typer.Argument(None, help="`silicon` only: its arguments."),
+    extra: list[str] | None = typer.Argument(
+        None, help="`silicon` only: the CSV (default: aiconfigurator-core's silicon_sample.csv)."
+    ),
     run: list[str] = typer.Option([], "--run", help="Validate only this run (repeatable)."),
     profile: list[str] = typer.Option(
         [], "--profile", help="RUN=PROFILE.json: the operator profile a benchmark run replays with."
@@ -153,12 +140,43 @@ def validate_command(
     interval_replays: int = typer.Option(
         4, "--interval-replays", min=2, help="Replays on draws of the profiles' measurement error."
     ),
+    aic_systems: Path | None = typer.Option(
+        None,
+        "--aic-systems",
+        help="`silicon`: AIConfigurator systems/ directory (default: installed).",
+    ),
+    model_configs: list[Path] = typer.Option(
+        [], "--model-configs", help="`silicon`: directory of HF config.json files (repeatable)."
+    ),
+    use_aic: bool = typer.Option(
+        True,
+        "--aic/--no-aic",
+        help="`silicon`: also run AIConfigurator's estimator (if installed).",
+    ),
+    silicon_db: Path | None = typer.Option(
+        None, "--db", help="`silicon`: store the run in this DuckDB file."
+    ),
+    figure: Path | None = typer.Option(
+        None, "--figure", help="`silicon`: write the figure (HTML) here (needs --db)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """Replay every imported real run on the twin and compare: one validation table."""
+    """Replay every imported real run on the twin and compare: one validation table.
+
+    `pdlab validate silicon [CSV]`: the twin and AIConfigurator on real deployments."""
     if target == SILICON:
-        _silicon(list(extra or []), as_json)
+        if extra and len(extra) > 1:
+            _fail(f"`validate silicon` takes one CSV, got {len(extra)}: {' '.join(extra)}")
+        from toolkit.commands_validate_silicon import run_silicon
+
+        run_silicon(
+            Path(extra[0]) if extra else None, aic_systems=aic_systems,
+            model_configs=model_configs, use_aic=use_aic, db=silicon_db, figure=figure,
+            as_json=as_json,
+        )  # fmt: skip
         return
+    if silicon_db is not None or figure is not None or aic_systems is not None or model_configs:
+        _fail("--db, --figure, --aic-systems and --model-configs belong to `validate silicon`")
     if extra:
         _fail(
             f"unexpected argument(s) {' '.join(extra)} after the database (options start with --)"
