@@ -187,7 +187,7 @@ def validate_command(
 
     db = Path(target)
     if not db.exists():
-        _fail(f"{db}: no such database (or `pdlab validate silicon` for issue 23's check)")
+        _fail(f"{db}: no such database (or `pdlab validate silicon [CSV]` for real deployments)")
     try:
         table = validate_runs(
             db, run or None, _profiles(profile), samples=samples, seed=seed,

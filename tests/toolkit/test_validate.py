@@ -104,7 +104,7 @@ def test_bad_requests_are_one_line_errors(db: tuple[Path, Path], tmp_path: Path)
             ["validate", str(db[0]), "--profile", f"other={db[1]}"],
             "--profile for other: no such real run",
         ),
-        (["validate", "silicon", "x.csv"], "`pdlab validate silicon` is not available yet"),
+        (["validate", "silicon", "x.csv"], "silicon CSV 'x.csv' does not exist"),
         (["validate", str(db[0]), "extra"], "unexpected argument(s) extra"),
     ):
         res = runner.invoke(app, args)

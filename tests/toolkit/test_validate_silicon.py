@@ -135,7 +135,7 @@ def test_the_cli_prints_the_json_stores_and_draws(tmp_path: Path) -> None:
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
     runner = CliRunner()
     other = runner.invoke(app, ["validate", str(tmp_path / "runs.duckdb")])
-    assert other.exit_code == 2 and "not on this branch" in other.output
+    assert other.exit_code == 2 and "no such database" in other.output
     missing = runner.invoke(app, ["validate", "silicon", str(tmp_path / "nope.csv"), "--no-aic",
                                   "--aic-systems", str(SYSTEMS)])  # fmt: skip
     assert (
