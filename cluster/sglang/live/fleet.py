@@ -17,10 +17,9 @@ from typing import Any
 import httpx
 
 from cluster.control.lock import ContendedRLock
-from cluster.core import KVEvent
+from cluster.core import KVEvent, TelemetrySink
 from cluster.sglang.live.cluster_file import EngineSpec
 from cluster.sglang.live.engine_state import EngineState, RestartAwareKVCollector
-from cluster.sglang.live.telemetry_run import LockedSink
 from cluster.sglang.wire.fpm import DecodeRow, ForwardPassMetrics, PrefillRow
 from cluster.sglang.wire.fpm_collector import ForwardMetricsCollector
 
@@ -39,7 +38,7 @@ class EngineFleet:
         lock: ContendedRLock,
         clock: Callable[[], float],
         *,
-        sink: LockedSink | None,
+        sink: TelemetrySink | None,
         run_start_wall: float,
         catch_up: bool,
         on_kv_events: Callable[[list[KVEvent]], None],
