@@ -70,6 +70,7 @@ class TwinResult(NamedTuple):
                 "ranks": self.inputs.ranks,
             },
             "parameters": [p.to_json() for p in self.inputs.parameters],
+            "profile_calibration": calibration_summary(self.inputs.calibration),
             "dp_ranks": [
                 {
                     "rank": x.engine,
@@ -83,6 +84,16 @@ class TwinResult(NamedTuple):
                 for x in self.engines
             ],
         }
+
+
+def calibration_summary(doc: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What an in-situ calibrated profile was fitted on (toolkit.torch_profile_calibration)."""
+    if not doc:
+        return None
+    keys = ("fitted_on", "fixed_factor", "unit_factor", "link_gbps", "link_latency_s")
+    out = {k: doc.get(k) for k in keys}
+    out["fitted_on"] = out["fitted_on"] or doc.get("run")
+    return out
 
 
 def run_twin(

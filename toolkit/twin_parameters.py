@@ -1,8 +1,9 @@
 """What a twin replay assumed: every parameter no data measured, with its source and range.
 
 `ReplayParameter(name, value, source, low, high, note)`: `source` is "recorded" (the run's
-own record, or a flag the user gave), "profile" (the operator profile measured it) or
-"assumed" (nothing measured it; `low`..`high` is a plausible range, `value` inside it).
+own record, or a flag the user gave), "profile" (the operator profile measured it),
+"fitted on run X" (the profile fitted it in situ on run X) or "assumed" (nothing measured
+it; `low`..`high` is a plausible range, `value` inside it).
 `replay_parameters` lists the ones a replay of these settings depends on:
 
 | name | when | assumed value and range (why) |
@@ -75,7 +76,10 @@ def replay_parameters(
     par = pricer.parallel
     expert_parallel = shape.is_moe and engine.expert_parallel_size > 1
     if engine.tensor_parallel_size > 1 or expert_parallel:
-        src = "assumed" if link.startswith("profile") else "recorded"
+        src = "assumed" if link == "profile's assumption" else "recorded"
+        if link.startswith("profile ("):  # measured with the profile, or fitted on a run
+            fitted = link[len("profile (") :].split(":")[0]
+            src = fitted if fitted.startswith("fitted on run") else "profile"
         rng = src == "assumed"
         out += [
             ReplayParameter(
