@@ -219,6 +219,13 @@ def twin_command(
 
 def _print_ranks_and_parameters(console: Any, doc: dict[str, Any]) -> None:
     """Per DP rank what the replay did, and what no data measured (toolkit.twin_parameters)."""
+    cal = doc.get("profile_calibration")
+    if cal:
+        console.print(
+            f"profile calibrated in situ: fitted on run {cal['fitted_on']} (fixed costs "
+            f"x{cal['fixed_factor']:.3g}, per-unit costs x{cal['unit_factor']:.3g}, link fitted "
+            "on its lockstep steps); compare it on other runs"
+        )
     ranks = doc["dp_ranks"]
     if len(ranks) > 1:
         console.print(

@@ -11,9 +11,11 @@
 It checks that the profile was built for the engine's TP degree, and that it describes the
 run's model and GPU (toolkit.twin_guards: refused unless `force`; `guards` says what was
 checked, what was forced and where the run leaves the profile's measured grid). The
-pricer takes the engine's DP and EP degrees, and the interconnect the run recorded
-(`config["interconnect"]`, e.g. from a cluster description) or the link flags, in place of
-the profile's assumed link; `link` says which link prices the collectives.
+pricer takes the engine's DP and EP degrees, and the link flags, else a link the profile
+fitted in situ on a run of the engine (toolkit.torch_profile_calibration: the collectives
+as the ranks' lockstep pays for them, waits included), else the interconnect the run
+recorded (`config["interconnect"]`, e.g. from a cluster description), else the profile's
+link; `link` says which link prices the collectives.
 
 A DP run's requests keep their recorded rank when the run recorded one (`ranks`
 "recorded"); otherwise (the importer says "dp_ranks": "not recorded", or an older import
@@ -60,6 +62,7 @@ class EngineInputs(NamedTuple):
     parameters: tuple[ReplayParameter, ...] = ()
     guards: GuardReport | None = None
     config: dict[str, Any] | None = None  # the run's recorded config
+    calibration: dict[str, Any] | None = None  # the profile's in-situ calibration record
 
 
 def load_engine_inputs(
@@ -114,7 +117,8 @@ def load_engine_inputs(
         kv = engine.kv_capacity(shape, reserve_bytes=engine.non_kv_reserve_bytes(shape))
     else:
         kv = engine.kv_capacity(shape)
-    pricer, link = _pricer_for(prof.pricer, engine, config, link_gbps, link_latency_s)
+    source = getattr(prof, "link_source", "")
+    pricer, link = _pricer_for(prof.pricer, engine, config, link_gbps, link_latency_s, source)
     context = int((reqs["t_in"] + reqs["t_out"]).max() or 0) if reqs.height else 0
     guards = guards._replace(extrapolating=extrapolation(op, engine, context))
     ranks = "recorded"
@@ -130,7 +134,7 @@ def load_engine_inputs(
     arrivals = str(config.get("arrivals", "recorded"))
     return EngineInputs(
         rid, engine, shape, pricer, kv, arrivals, reqs, link, ranks, overhead, params, guards,
-        config,
+        config, getattr(prof, "calibration", None),
     )  # fmt: skip
 
 
@@ -149,11 +153,14 @@ def _pricer_for(
     config: dict[str, Any],
     link_gbps: float | None,
     link_latency_s: float | None,
+    profile_link: str = "",
 ) -> tuple[IterationPricer, str]:
     """The profile's pricer with the engine's DP/EP and the best-known link (module doc)."""
     par = pricer.parallel
     recorded = config.get("interconnect")
     rec = recorded if isinstance(recorded, dict) else {}
+    if profile_link.startswith("fitted"):
+        rec = {}  # fitted in situ beats a link measured alone or described
     gbps = next((v for v in (link_gbps, rec.get("link_gbps"), par.link_gbps) if v is not None), 0.0)
     lat = next(
         (
@@ -167,6 +174,8 @@ def _pricer_for(
         link = "flags"
     elif rec:
         link = f"recorded ({rec.get('source', 'run config')})"
+    elif profile_link:
+        link = f"profile ({profile_link})"
     else:
         link = "profile's assumption"
     if gbps <= 0 or lat < 0:

@@ -116,6 +116,7 @@ class TwinResult(NamedTuple):
                 "link_source": self.inputs.link,
                 "ranks": self.inputs.ranks,
             },
+            "profile_calibration": calibration_summary(self.inputs.calibration),
             "dp_ranks": [
                 {
                     "rank": x.engine,
@@ -145,6 +146,16 @@ def metric_json(m: TwinMetric) -> dict[str, Any]:
             "sources": {k: list(v) for k, v in m.sources.items()},
         }
     return doc
+
+
+def calibration_summary(doc: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What an in-situ calibrated profile was fitted on (toolkit.torch_profile_calibration)."""
+    if not doc:
+        return None
+    keys = ("fitted_on", "fixed_factor", "unit_factor", "link_gbps", "link_latency_s")
+    out = {k: doc.get(k) for k in keys}
+    out["fitted_on"] = out["fitted_on"] or doc.get("run")
+    return out
 
 
 def run_twin(

@@ -6,7 +6,8 @@ comes from, and `low`..`high` (both None: exact) is the range the interval carri
 - recorded: the run's own files state it (KV blocks vLLM allocated, CUDA graph sizes);
 - described: the run's cluster description states it, but nothing measured it on the run
   (the interconnect of `cluster_config.json`); given: a flag the user passed;
-- profile: the operator profile measured it; assumed: nothing measured it;
+- profile: the operator profile measured it; "fitted on run X": the profile fitted it in
+  situ on run X (toolkit.torch_profile_calibration); assumed: nothing measured it;
 - estimated: computed from other facts (KV blocks from GPU memory);
 - composed: summed from operators measured apart, with no measurement of the whole (an
   infinite end: the interval's sides are "not known").
@@ -111,6 +112,13 @@ def _kv(
 
 def _link(pricer: IterationPricer, link: str) -> list[ReplayParameter]:
     par = pricer.parallel
+    if link.startswith("profile ("):  # measured with the profile, or fitted in situ on a run
+        how = link[len("profile (") :].split(":")[0]
+        src = how if how.startswith("fitted on run") else "profile"
+        return [
+            ReplayParameter("link_gbps", par.link_gbps, src, note=link, unit="GB/s"),
+            ReplayParameter("link_latency_s", par.link_latency_s, src, note=link, unit="s"),
+        ]
     if link.startswith("profile"):
         return [
             ReplayParameter("link_gbps", par.link_gbps, "assumed", *LINK_GBPS_RANGE, link, "GB/s"),
