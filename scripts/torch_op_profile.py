@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
            "--link-latency-us", f"{link['link_latency_s'] * 1e6:.6g}",
            "--max-num-seqs", str(a.max_num_seqs),
            "--max-num-batched-tokens", str(a.max_num_batched_tokens),
-           "--hardware", f"cpu-{a.threads}thread", "--name", a.out.name]  # fmt: skip
+           "--hardware", f"cpu, {a.threads} torch thread(s) per rank", "--name", a.out.name]  # fmt: skip
     subprocess.run(cmd, check=True, cwd=ROOT)
     print(f"{a.out} and {out_json} in {time.monotonic() - t0:.0f} s", file=sys.stderr)
 

@@ -73,8 +73,8 @@ def engine_settings(group: dict[str, Any]) -> EngineSettings:
         enable_chunked_prefill=True, mixed_prefill_decode=False, enable_prefix_caching=True,
         max_model_len=int(m["max_context_tokens"]), kv_cache_dtype=str(e["dtype"]),
         async_scheduling=False, reserve_full_prompt=True, scheduling_policy="fcfs",
-        hardware=f"{e['device']} ({group.get('cpu_count')} cores, "
-        f"{e['num_threads']} torch thread(s) per rank)",
+        hardware=f"{e['device']}, {e['num_threads']} torch thread(s) per rank "
+        f"({group.get('cpu_count')} cores)",
         engine_version="0.5.23-pdlab-torch",
     )  # fmt: skip
 
