@@ -7,8 +7,12 @@ in microseconds, one decoder layer's operators measured on one rank:
 - attention.csv (prefill_chunk, kv_prefill, n_decode, kv_decode, time_us): one attention
   call for a prefill chunk over kv_prefill cached tokens plus n_decode decodes with
   kv_decode cached tokens each (0 = none);
-- moe.csv (tokens, activated_experts, time_us), MoE models: the whole MoE block on one rank
-  by tokens after dispatch and distinct experts touched.
+- moe.csv (tokens, activated_experts, time_us), MoE models: the whole MoE block on one GPU
+  holding every expert, by tokens and distinct experts touched (`moe_kind` "one-gpu"; the
+  pricer derives an EP rank's share). A table already timed on one EP rank at the
+  deployment's MoE TP/EP, by the EP group's tokens with its dispatch and combine included
+  (AIConfigurator's MoE table: cluster.hardware.aiconfigurator_profile), is `moe_kind`
+  "per-ep-rank" and is priced as it stands.
 
 `OperatorTables` sums the operators into what an iteration charges (seconds): per layer
 (every dense op once, `layernorm` twice: input and post-attention norm), per iteration
@@ -45,6 +49,7 @@ PER_ITERATION = frozenset({"embedding", "final_layernorm"})
 REPLICATED = frozenset({"layernorm", "final_layernorm", "qk_norm", "embedding", "sampler"})
 PER_LAYER_COUNT = {"layernorm": 2}  # input_layernorm and post_attention_layernorm
 ATTENTION_COLUMNS = ("prefill_chunk", "kv_prefill", "n_decode", "kv_decode")
+MOE_KINDS = ("one-gpu", "per-ep-rank")
 
 
 class ProfileError(ConfigError):
@@ -156,6 +161,14 @@ class OperatorTables:
     # FlashAttention version vLLM serves with on the profiled GPU (2, 3; 0 unknown):
     # cluster.hardware.attention_kernel
     fa_version: int = 0
+    # What the MoE rows time (MOE_KINDS): "one-gpu" (LLMServingSim's moe.csv: one GPU
+    # holding every expert, by tokens and activated experts) or "per-ep-rank" (one rank of
+    # the deployment's MoE TP/EP by the EP group's tokens, dispatch and combine included).
+    moe_kind: str = "one-gpu"
+
+    def __post_init__(self) -> None:
+        if self.moe_kind not in MOE_KINDS:
+            raise ConfigError(f"moe_kind {self.moe_kind!r} is not one of {', '.join(MOE_KINDS)}")
 
     @classmethod
     def load(
@@ -256,6 +269,7 @@ class OperatorTables:
             "tp": self.tp,
             "attention_kind": self.attention_kind,
             "fa_version": self.fa_version,
+            "moe_kind": self.moe_kind,
         }
 
     @classmethod
@@ -277,4 +291,6 @@ class OperatorTables:
             int(doc.get("tp", 1)),
             str(kind),
             int(doc.get("fa_version", 0)),
+            # documents before the field: AIConfigurator's tables were per EP rank
+            str(doc.get("moe_kind") or ("per-ep-rank" if "aiconfigurator" in ops else "one-gpu")),
         )
