@@ -7,10 +7,14 @@ in microseconds, one decoder layer's operators measured on one rank:
 - attention.csv (prefill_chunk, kv_prefill, n_decode, kv_decode, time_us): one attention
   call for a prefill chunk over kv_prefill cached tokens plus n_decode decodes with
   kv_decode cached tokens each (0 = none);
-- moe.csv (tokens, activated_experts, time_us), MoE models: the whole MoE block on one rank
-  holding the experts by tokens, each routed to top-k of the distinct experts touched
+- moe.csv (tokens, activated_experts, time_us), MoE models: the whole MoE block on one GPU
+  holding every expert, by tokens, each routed to top-k of the distinct experts touched
   (tokens x top-k expert-token pairs; a fractional count when an EP rank's tokens received
-  after dispatch are re-keyed to that, cluster.engines.torch.op_profile).
+  after dispatch are re-keyed to that, cluster.engines.torch.op_profile) (`moe_kind`
+  "one-gpu"; the pricer derives an EP rank's share). A table already timed on one EP rank
+  at the deployment's MoE TP/EP, by the EP group's tokens with its dispatch and combine
+  included (AIConfigurator's MoE table: cluster.hardware.aiconfigurator_profile), is
+  `moe_kind` "per-ep-rank" and is priced as it stands.
 
 `OperatorTables` sums the operators into what an iteration charges (seconds): per layer
 (every dense op once, `layernorm` twice: input and post-attention norm), per iteration
@@ -47,6 +51,7 @@ PER_ITERATION = frozenset({"embedding", "final_layernorm"})
 REPLICATED = frozenset({"layernorm", "final_layernorm", "qk_norm", "embedding", "sampler"})
 PER_LAYER_COUNT = {"layernorm": 2}  # input_layernorm and post_attention_layernorm
 ATTENTION_COLUMNS = ("prefill_chunk", "kv_prefill", "n_decode", "kv_decode")
+MOE_KINDS = ("one-gpu", "per-ep-rank")
 
 
 class ProfileError(ConfigError):
@@ -162,6 +167,14 @@ class OperatorTables:
     # FlashAttention version vLLM serves with on the profiled GPU (2, 3; 0 unknown):
     # cluster.hardware.attention_kernel
     fa_version: int = 0
+    # What the MoE rows time (MOE_KINDS): "one-gpu" (LLMServingSim's moe.csv: one GPU
+    # holding every expert, by tokens and activated experts) or "per-ep-rank" (one rank of
+    # the deployment's MoE TP/EP by the EP group's tokens, dispatch and combine included).
+    moe_kind: str = "one-gpu"
+
+    def __post_init__(self) -> None:
+        if self.moe_kind not in MOE_KINDS:
+            raise ConfigError(f"moe_kind {self.moe_kind!r} is not one of {', '.join(MOE_KINDS)}")
 
     @classmethod
     def load(
@@ -262,6 +275,7 @@ class OperatorTables:
             "tp": self.tp,
             "attention_kind": self.attention_kind,
             "fa_version": self.fa_version,
+            "moe_kind": self.moe_kind,
         }
 
     @classmethod
@@ -283,4 +297,6 @@ class OperatorTables:
             int(doc.get("tp", 1)),
             str(kind),
             int(doc.get("fa_version", 0)),
+            # documents before the field: AIConfigurator's tables were per EP rank
+            str(doc.get("moe_kind") or ("per-ep-rank" if "aiconfigurator" in ops else "one-gpu")),
         )
