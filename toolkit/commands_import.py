@@ -9,11 +9,12 @@ line and field (exit code 2), and the database is left as it was.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import typer
+
+from toolkit.formatting import json_text
 
 EXIT_INPUT = 2
 
@@ -51,7 +52,7 @@ def _write_and_report(db: Path, runs: list[Any], as_json: bool) -> None:
                 for run, m in results
             ],
         }
-        typer.echo(json.dumps(out))
+        typer.echo(json_text(out))
         return
     from rich.console import Console
     from rich.table import Table

@@ -11,10 +11,13 @@ of the chosen form, and the chosen coefficients with their intervals.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import typer
+
+from toolkit.formatting import json_text, percent
 
 EXIT_INPUT = 2
 GIB = 1024**3
@@ -80,9 +83,9 @@ def _print(info: dict[str, Any]) -> None:
         table.add_row(
             phase,
             str(f["points"]),
-            f"{100 * f['paper_mape']:.2f}%",
+            percent(f["paper_mape"]),
             f["chosen"],
-            f"{100 * f['chosen_mape']:.2f}%",
+            percent(f["chosen_mape"]),
             coefs,
         )
     console = Console()
@@ -145,6 +148,7 @@ def import_command(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (the summary)."),
 ) -> None:
     """Fit a pdlab profile from an operator profile and a model config."""
+    from cluster import size_limits as limits
     from cluster.core import ConfigError
     from cluster.hardware.engine import EngineSettings
     from cluster.hardware.model_shape import ModelShape
@@ -156,6 +160,8 @@ def import_command(
     if profiled_tp is None and (directory / f"tp{tp}").is_dir() and tp != 1:
         src = directory / f"tp{tp}"  # the bundle measured at the served TP
     try:
+        limits.check("--gpu-memory-gib", gpu_memory_gib, limits.GPU_MEMORY_GIB)
+        limits.check("--profiled-tp", profiled_tp, limits.TENSOR_PARALLEL)
         shape = ModelShape.load(model_config)
         engine = None
         if gpu_memory_gib or max_num_seqs or max_num_batched_tokens or gpu_memory_utilization:
@@ -177,12 +183,19 @@ def import_command(
     except (ConfigError, FitError, ValueError) as exc:
         _fail(str(exc))
         return
+    try:  # JSON has no NaN or Infinity: a profile holding one is refused, not written
+        text = json.dumps(profile.to_json(), allow_nan=False)
+    except ValueError:
+        _fail(f"the profile fitted from {src} holds a non-finite number; nothing written")
+        return
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(profile.to_json()) + "\n")
+    tmp = output.with_name(f".{output.name}.tmp")
+    tmp.write_text(text + "\n")
+    os.replace(tmp, output)  # readers see the old profile or the new one, never half of one
     info = summary(profile, output)
     if src != directory:
         info["notes"].insert(0, f"used {src} (measured at TP {tp})")
     if as_json:
-        typer.echo(json.dumps(info))
+        typer.echo(json_text(info))
     else:
         _print(info)

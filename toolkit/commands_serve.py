@@ -40,6 +40,33 @@ ENGINES = ("sim", "torch")
 DEFAULT_SHAPE = {"sim": (9, "4P5D", 126), "torch": (3, "1P2D", 8)}
 
 
+def check_sizes(
+    engines: str,
+    *,
+    port: int,
+    nodes: int | None,
+    agents: int | None,
+    speed: float | None = None,
+    duration_s: float | None = None,
+    token_scale: float | None = None,
+    time_scale: float | None = None,
+    max_output_tokens: int | None = None,
+) -> None:
+    """The sizes `pdlab serve` and `pdlab lab` take, against their ceilings
+    (cluster.size_limits; ConfigError naming the flag). The simulated cluster's options are
+    checked again, all of them, by its SimConfig."""
+    from cluster import size_limits as limits
+
+    limits.check("--port", port, limits.PORT)
+    limits.check("--nodes", nodes, limits.TORCH_NODES if engines == "torch" else limits.NODES)
+    limits.check("--agents", agents, limits.AGENTS)
+    limits.check("--speed", speed, limits.SPEED)
+    limits.check("--duration", duration_s, limits.SIM_SECONDS)
+    limits.check("--token-scale", token_scale, limits.TOKEN_SCALE)
+    limits.check("--time-scale", time_scale, limits.TIME_SCALE)
+    limits.check("--max-output-tokens", max_output_tokens, limits.OUTPUT_TOKENS)
+
+
 def serve_command(
     engines: str = typer.Option(
         "sim",
@@ -136,6 +163,14 @@ def serve_command(
     split = d_split if split is None else split
     if agents is None and arrival_rate is None:
         agents = d_agents
+    try:  # before anything starts or allocates: a typo is one line, not 22 GB
+        check_sizes(
+            engines, port=port, nodes=nodes, agents=agents, speed=speed, duration_s=duration,
+            token_scale=token_scale, time_scale=time_scale, max_output_tokens=max_output_tokens,
+        )  # fmt: skip
+    except ConfigError as exc:
+        console.print(f"[red]error:[/] {escape(str(exc))}")
+        raise typer.Exit(2) from None
     if db is not None:  # before anything starts: a wrong file is one line, not a traceback
         from telemetry.database import check_database
         from telemetry.errors import TelemetryError
