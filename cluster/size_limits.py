@@ -23,31 +23,39 @@ from cluster.core import ConfigError
 
 
 class Limit(NamedTuple):
-    """A closed interval [lo, hi] of a count or size; `integer` values must be whole."""
+    """An interval [lo, hi] (or (lo, hi] with `lo_open`) of a count or size; `integer`
+    values must be whole; `why` says where the ceiling comes from (docs/limits.md)."""
 
     lo: float
     hi: float
     unit: str = ""
     integer: bool = True
     why: str = ""
+    lo_open: bool = False
 
     def describe(self) -> str:
         unit = f" {self.unit}" if self.unit else ""
         kind = "an integer" if self.integer else "a number"
-        return f"{kind} in [{_num(self.lo)}, {_num(self.hi)}]{unit}"
+        left = "(" if self.lo_open else "["
+        return f"{kind} in {left}{_num(self.lo)}, {_num(self.hi)}]{unit}"
 
     def check(self, name: str, value: object) -> None:
         """Raise ConfigError unless `value` is a finite number (integer if `integer`) within
-        the range; the message names `name` and what is allowed."""
+        the interval; the message names `name`, the bound broken and what is allowed."""
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{name} must be {self.describe()}, got {value!r:.80}")
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{name} must be {self.describe()}, got {value}")
         if self.integer and not float(value).is_integer():
             raise ConfigError(f"{name} must be {self.describe()}, got {value:g}")
-        if not self.lo <= value <= self.hi:
-            shown = f"{value:g}" if isinstance(value, float) or abs(value) >= 1e15 else value
-            raise ConfigError(f"{name} must be {self.describe()}, got {shown}")
+        shown = f"{value:g}" if isinstance(value, float) or abs(value) >= 1e15 else value
+        if value < self.lo or (self.lo_open and value == self.lo):
+            op = ">" if self.lo_open else ">="
+            raise ConfigError(f"{name} must be {op} {_num(self.lo)}, got {shown}")
+        if value > self.hi:
+            unit = f" {self.unit}" if self.unit else ""
+            why = f" ({self.why})" if self.why else ""
+            raise ConfigError(f"{name} must be at most {_num(self.hi)}{unit}{why}, got {shown}")
 
 
 def _num(x: float) -> str:
@@ -66,18 +74,17 @@ TIB_IN_GIB = 1024
 # ---- simulated clusters (pdlab simulate, sweep, serve, lab) --------------------------------
 NODES = Limit(1, 4096, "nodes", why="the 3,072-GPU run is 768 nodes")
 AGENTS = Limit(1, 100_000, "agents", why="30,720 in the largest run; ~2 KB each")
-ARRIVAL_RATE_PER_MIN = Limit(1e-9, 1e6, "programs/min", False, "16,667 programs/s")
+ARRIVAL_RATE_PER_MIN = Limit(0, 1e6, "programs/min", False, "16,667 programs/s", True)
 MAX_ACTIVE = Limit(1, 1_000_000, "programs", why="open-loop admission queue")
 MAX_PROGRAMS = Limit(1, 1_000_000_000, "programs", why="a stop condition, not an allocation")
 SIM_SECONDS = Limit(0, 1e7, "simulated s", False, "~115 days; also warmup, learn, window")
 KV_TOKENS = Limit(1, 1 << 40, "tokens", why="GPU or host KV tokens of one node")
-GPU_MEMORY_GIB = Limit(1e-3, 16 * TIB_IN_GIB, "GiB", False, "per GPU")
-HOOK_BUDGET_S = Limit(1e-3, 3600, "wall s", False, "one policy hook call")
+GPU_MEMORY_GIB = Limit(0, 16 * TIB_IN_GIB, "GiB", False, "per GPU", True)
+HOOK_BUDGET_S = Limit(0, 3600, "wall s", False, "one policy hook call", True)
 PARTITIONS = Limit(1, 1024, "partitions", why="each is a process or a Ray task")
 PROCESSES = Limit(1, 1024, "processes", why="worker processes of a sweep or partitions")
 SWEEP_RUNS = Limit(1, 100_000, "runs", why="points x samples x seeds of one sweep")
 SEEDS = Limit(1, 1000, "seeds", why="replicates of one configuration")
-SPEED = Limit(1e-6, 100_000, "sim-s per wall-s", False, "pdlab serve pacing")
 # ---- engines: TP/DP/EP, batch limits, KV blocks (engine settings, what-ifs, imports) ------
 TENSOR_PARALLEL = Limit(1, 1024, "GPUs", why="GPUs of one engine")
 DATA_PARALLEL = Limit(1, 4096, "ranks", why="one engine replayed per DP rank")
@@ -99,7 +106,7 @@ VOCAB_SIZE = Limit(1, 1 << 24, "tokens")
 EXPERTS = Limit(0, 1 << 16, "experts", why="routed experts (0: dense)")
 LATENT_DIM = Limit(0, 1 << 16, "", why="MLA kv_lora_rank and qk_rope_head_dim")
 # ---- interconnect of profile imports and twins --------------------------------------------
-LINK_GBPS = Limit(1e-3, 1e12, "GB/s", False, "TP/EP collectives; 1e12 stands for a free link")
+LINK_GBPS = Limit(0, 1e12, "GB/s", False, "TP/EP collectives; 1e12 stands for a free link", True)
 LINK_LATENCY_US = Limit(0, 1e6, "us", False, "one collective")
 EXPERT_LOAD_SKEW = Limit(1, 1024, "x the mean", False, "busiest EP rank, at most EP")
 # ---- imported requests (pdlab import) -----------------------------------------------------
@@ -110,10 +117,11 @@ RUN_SPAN_S = Limit(0, 1e7, "s", False, "first arrival to last token of an import
 BOOTSTRAP = Limit(0, 100_000, "resamples", why="of a fit's confidence intervals")
 SYNTH_ITERATIONS = Limit(0, 10_000_000, "iterations", why="per node of pdlab synth-logs")
 PORT = Limit(1, 65_535, "", why="a TCP port")
-TOKEN_SCALE = Limit(1e-6, 1000, "x", False, "torch engines: workload token counts")
-TIME_SCALE = Limit(1e-6, 1000, "x", False, "torch engines: tool gaps and arrivals")
+TOKEN_SCALE = Limit(0, 1000, "x", False, "torch engines: workload token counts", True)
+TIME_SCALE = Limit(0, 1000, "x", False, "torch engines: tool gaps and arrivals", True)
 OUTPUT_TOKENS = Limit(1, 1 << 20, "tokens", why="torch engines: a turn's output cap")
 TORCH_NODES = Limit(1, 64, "engine processes", why="each loads a model")
+UTILIZATION = Limit(0, 1, "", False, "a share of GPU memory", True)
 
 LIMITS: dict[str, Limit] = {
     name: value for name, value in globals().items() if isinstance(value, Limit) and name.isupper()

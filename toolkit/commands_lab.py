@@ -80,9 +80,7 @@ def lab_command(
         from toolkit.commands_serve import check_sizes
 
         limits.PORT.check("--lab-port", lab_port)
-        check_sizes(
-            engines, port=port, nodes=nodes, agents=agents, speed=speed, token_scale=token_scale
-        )
+        check_sizes(engines, port=port, nodes=nodes, agents=agents, token_scale=token_scale)
     except ConfigError as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None

@@ -46,7 +46,6 @@ def check_sizes(
     port: int,
     nodes: int | None,
     agents: int | None,
-    speed: float | None = None,
     duration_s: float | None = None,
     token_scale: float | None = None,
     time_scale: float | None = None,
@@ -60,7 +59,6 @@ def check_sizes(
     limits.check("--port", port, limits.PORT)
     limits.check("--nodes", nodes, limits.TORCH_NODES if engines == "torch" else limits.NODES)
     limits.check("--agents", agents, limits.AGENTS)
-    limits.check("--speed", speed, limits.SPEED)
     limits.check("--duration", duration_s, limits.SIM_SECONDS)
     limits.check("--token-scale", token_scale, limits.TOKEN_SCALE)
     limits.check("--time-scale", time_scale, limits.TIME_SCALE)
@@ -165,7 +163,7 @@ def serve_command(
         agents = d_agents
     try:  # before anything starts or allocates: a typo is one line, not 22 GB
         check_sizes(
-            engines, port=port, nodes=nodes, agents=agents, speed=speed, duration_s=duration,
+            engines, port=port, nodes=nodes, agents=agents, duration_s=duration,
             token_scale=token_scale, time_scale=time_scale, max_output_tokens=max_output_tokens,
         )  # fmt: skip
     except ConfigError as exc:
@@ -252,8 +250,12 @@ def _serve_sim(
     with serving(server), contextlib.suppress(KeyboardInterrupt):
         server.run()
     summary = service.summary
-    if summary is not None:
+    if summary is not None and "requests" in summary:
         console.print(
             f"run {summary.get('run_id')}: {summary['sim_seconds']:.0f} sim-s, "
             f"{summary['requests']} requests, {summary['switches']} switches"
         )
+    failure = service.failure or engines.error
+    if failure is not None:  # the run did not end well: say so, and in the exit code
+        console.print(f"[red]error:[/] the run failed: {escape(failure)}")
+        raise typer.Exit(1)

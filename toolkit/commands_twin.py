@@ -88,7 +88,7 @@ def twin_command(
         limits.check(
             "--gpu-memory-utilization",
             gpu_memory_utilization,
-            limits.Limit(1e-6, 1.0, "", integer=False),
+            limits.UTILIZATION,
         )
         limits.check("--max-num-seqs", max_num_seqs, limits.MAX_NUM_SEQS)
         limits.check("--max-num-batched-tokens", max_num_batched_tokens, limits.BATCHED_TOKENS)

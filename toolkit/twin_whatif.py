@@ -61,7 +61,7 @@ WHAT_IF_LIMITS = {
     "block_size": limits.BLOCK_SIZE,
     "long_prefill_token_threshold": limits.Limit(0, limits.MODEL_LEN.hi, "tokens"),
     "gpu_memory_gib": limits.GPU_MEMORY_GIB,
-    "gpu_memory_utilization": limits.Limit(1e-6, 1.0, "", integer=False),
+    "gpu_memory_utilization": limits.UTILIZATION,
 }
 
 
