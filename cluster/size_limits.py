@@ -64,6 +64,20 @@ def _num(x: float) -> str:
     return f"{x:g}"
 
 
+def check_agents(flag: str, agents: int | None, nodes: int) -> None:
+    """Closed-loop agents: at most AGENTS in all and AGENTS_PER_NODE per node (an
+    overloaded cluster queues every agent's request: memory grows with agents per node)."""
+    if agents is None:
+        return
+    AGENTS.check(flag, agents)
+    cap = int(AGENTS_PER_NODE.hi) * max(int(nodes), 1)
+    if agents > cap:
+        raise ConfigError(
+            f"{flag} must be at most {AGENTS_PER_NODE.hi:,.0f} per node ({cap:,} for {nodes} "
+            f"nodes; {AGENTS_PER_NODE.why}), got {agents}"
+        )
+
+
 def check(name: str, value: object, limit: Limit) -> None:
     """`limit.check(name, value)`; skips None (an option not given)."""
     if value is not None:
@@ -73,7 +87,10 @@ def check(name: str, value: object, limit: Limit) -> None:
 TIB_IN_GIB = 1024
 # ---- simulated clusters (pdlab simulate, sweep, serve, lab) --------------------------------
 NODES = Limit(1, 4096, "nodes", why="the 3,072-GPU run is 768 nodes")
-AGENTS = Limit(1, 100_000, "agents", why="30,720 in the largest run; ~2 KB each")
+AGENTS = Limit(1, 100_000, "agents", why="30,720 in the largest run (768 nodes)")
+AGENTS_PER_NODE = Limit(
+    1, 1000, "agents per node", why="40 in the largest run; ~30 KB each when queued"
+)
 ARRIVAL_RATE_PER_MIN = Limit(0, 1e6, "programs/min", False, "16,667 programs/s", True)
 MAX_ACTIVE = Limit(1, 1_000_000, "programs", why="open-loop admission queue")
 MAX_PROGRAMS = Limit(1, 1_000_000_000, "programs", why="a stop condition, not an allocation")
@@ -126,3 +143,16 @@ UTILIZATION = Limit(0, 1, "", False, "a share of GPU memory", True)
 LIMITS: dict[str, Limit] = {
     name: value for name, value in globals().items() if isinstance(value, Limit) and name.isupper()
 }
+
+
+def markdown_table() -> str:
+    """The ceilings as the Markdown table of docs/limits.md (a test keeps the two equal)."""
+    rows = ["| name | allowed | why |", "|---|---|---|"]
+    for name, limit in LIMITS.items():
+        allowed = limit.describe().replace("an integer in ", "integer ").replace("a number in ", "")
+        rows.append(f"| `{name}` | {allowed} | {limit.why} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":  # python -m cluster.size_limits: the table of docs/limits.md
+    print(markdown_table(), end="")

@@ -199,7 +199,6 @@ class SimConfig:
         is allocated: a typo must not build a hundred million agents."""
         for flag, value, limit in (
             ("--nodes", self.nodes, limits.NODES),
-            ("--agents", self.agents, limits.AGENTS),
             ("--arrival-rate", self.arrival_rate_per_min, limits.ARRIVAL_RATE_PER_MIN),
             ("--max-active", self.max_active, limits.MAX_ACTIVE),
             ("--max-programs", self.max_programs, limits.MAX_PROGRAMS),
@@ -219,6 +218,7 @@ class SimConfig:
             ("--hook-budget", self.hook_budget_s, limits.HOOK_BUDGET_S),
         ):
             limits.check(flag, value, limit)
+        limits.check_agents("--agents", self.agents, self.nodes)
 
     def _validate_engine_limits(self) -> None:
         for flag, v in (
