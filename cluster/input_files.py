@@ -9,17 +9,17 @@ that never ends, a 50 GB log, a directory, a binary file — so every read goes 
   unless special files are allowed (`pdlab --allow-special-files ...` or
   `PDLAB_ALLOW_SPECIAL_FILES=1`: e.g. `<(zcat run.jsonl.gz)`), and then it is still capped;
 - reading streams in 1 MiB chunks and stops at a cap: `MAX_DOCUMENT_BYTES` (64 MiB) for one
-  JSON document (settings, configs, profiles), `MAX_DATA_BYTES` (1 GiB) for line-oriented
+  JSON document (settings, configs, profiles), `MAX_DATA_BYTES` (512 MiB) for line-oriented
   data (request logs, benchmark results, traces, operator CSVs; of a `.gz` trace, the
-  decompressed bytes). Both are raised, never lowered below the defaults' purpose, with
-  `pdlab --max-input-mb N ...` or `PDLAB_MAX_INPUT_MB=N` (data files) — a cap is what keeps
-  a wrong path from taking the machine's memory;
+  decompressed bytes). The data cap is changed with `pdlab --max-input-mb N ...` or
+  `PDLAB_MAX_INPUT_MB=N`: a cap is what keeps a wrong path from taking the machine's memory
+  (an import holds a few times its file in memory);
 - text must be UTF-8 without NUL bytes (JSON and CSV never hold a raw NUL: a NUL is a
   binary file, refused at the first chunk, so `/dev/zero` costs one chunk, not a cap);
 - JSON nested too deep for the parser, or numbers too long to convert, are errors too.
 
-Every problem is an `InputFileError` (a `ConfigError`) reading `FILE: line N: what` (line
-0 when the file as a whole is wrong), so commands print one line and exit non-zero.
+Every problem is an `InputFileError` (a `ConfigError`) reading `FILE: line N: what` (`FILE:
+what` when the file as a whole is wrong), so commands print one line and exit non-zero.
 """
 
 from __future__ import annotations
