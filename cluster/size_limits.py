@@ -133,7 +133,7 @@ RUN_SPAN_S = Limit(0, 1e7, "s", False, "first arrival to last token of an import
 # ---- fits and live engines ----------------------------------------------------------------
 BOOTSTRAP = Limit(0, 100_000, "resamples", why="of a fit's confidence intervals")
 SYNTH_ITERATIONS = Limit(0, 10_000_000, "iterations", why="per node of pdlab synth-logs")
-PORT = Limit(1, 65_535, "", why="a TCP port")
+PORT = Limit(0, 65_535, "", why="a TCP port (0: any free one)")
 TOKEN_SCALE = Limit(0, 1000, "x", False, "torch engines: workload token counts", True)
 TIME_SCALE = Limit(0, 1000, "x", False, "torch engines: tool gaps and arrivals", True)
 OUTPUT_TOKENS = Limit(1, 1 << 20, "tokens", why="torch engines: a turn's output cap")

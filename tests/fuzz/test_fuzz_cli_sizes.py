@@ -82,7 +82,7 @@ def test_sim_config_sizes_are_within_ceilings_or_refused(field: str, value: Any)
         (["serve", "--agents", "100000000"], "--agents must be at most"),
         (["serve", "--port", "70000"], "--port must be at most 65,535"),
         (["serve", "--engines", "torch", "--nodes", "1000"], "--nodes must be at most 64"),
-        (["lab", "--lab-port", "0"], "--lab-port must be >= 1"),
+        (["lab", "--lab-port", "70000"], "--lab-port must be at most 65,535"),
         (["advise", "x.duckdb", "--seeds", "1000000"], "--seeds must be at most"),
         (["synth-logs", "x.duckdb", "--iterations", "1000000000000"], "--iterations must be at most"),
     ],

@@ -266,3 +266,26 @@ def test_probe_a_profile_csv_that_is_a_device(tmp_path: Path) -> None:
     code, text = cli("profile", "import", str(PROFILE), "--model-config", str(d / "cfg.json"),
                      "-o", str(tmp_path / "x.json"))  # fmt: skip
     one_line_error(code, text, "cfg.json", "character device")
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+        ('{"num_hidden_layers": ' + "9" * 5000 + "}", "not valid JSON"),
+        (None, "is a directory"),
+        (b"\x89PNG\r\n\x1a\n\x00", "binary data"),
+    ],
+)
+def test_probe_model_configs_that_are_not_json_objects(
+    tmp_path: Path, content: str | bytes | None, words: str
+) -> None:
+    path = tmp_path / "config.json"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    out = tmp_path / "x.json"
+    code, text = cli("profile", "import", str(PROFILE), "--model-config", str(path), "-o", str(out))
+    one_line_error(code, text, "config.json", words)
+    assert not out.exists()
