@@ -56,7 +56,7 @@ _HF_NAMES = {
 
 def _field_name(name: str) -> str:
     hf = _HF_NAMES.get(name)
-    return f"field {hf!r}" if hf else f"field {name!r}"
+    return f"field {name!r} ({hf} in a HF config)" if hf else f"field {name!r}"
 
 
 DTYPE_BYTES = {

@@ -172,6 +172,8 @@ class OperatorProfile:
                 kv_tokens=doc.get("kv_tokens"),
                 notes=tuple(doc.get("notes", ())),
             )
+        except ConfigError as exc:  # a value past its ceiling, an impossible model
+            raise ConfigError(f"{source}: {exc}") from None
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"{source}: malformed {FORMAT} document ({exc!r})") from None
 

@@ -126,3 +126,20 @@ def test_probe_what_if_data_parallel_1e6_is_refused_before_replay(
                   "--what-if", "data_parallel_size=1000000")  # fmt: skip
     one_line_error(res.code, res.err, "data_parallel_size", "at most 4,096")
     assert res.peak_rss_mb < RSS_CAP_MB and res.seconds < 30, res
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("head_dim", -5), ("head_dim", 0), ("num_kv_heads", 0), ("num_layers", 10**9)],
+)
+def test_probe_a_profile_whose_model_is_impossible(
+    twin_inputs: tuple[Path, Path], tmp_path: Path, field: str, value: int
+) -> None:
+    """KV bytes per token 0 or -5 (a tampered profile's model) are refused, not priced."""
+    db, profile = twin_inputs
+    doc = json.loads(profile.read_text())
+    doc["model"][field] = value
+    bad = tmp_path / "bad-profile.json"
+    bad.write_text(json.dumps(doc))
+    code, out = cli("twin", str(db), "--profile", str(bad), "--no-store")
+    one_line_error(code, out, "bad-profile.json", field)
