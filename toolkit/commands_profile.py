@@ -162,6 +162,9 @@ def import_command(
     try:
         limits.check("--gpu-memory-gib", gpu_memory_gib, limits.GPU_MEMORY_GIB)
         limits.check("--profiled-tp", profiled_tp, limits.TENSOR_PARALLEL)
+        limits.check("--max-num-seqs", max_num_seqs, limits.MAX_NUM_SEQS)
+        limits.check("--max-num-batched-tokens", max_num_batched_tokens, limits.BATCHED_TOKENS)
+        limits.check("--gpu-memory-utilization", gpu_memory_utilization, limits.UTILIZATION)
         shape = ModelShape.load(model_config)
         engine = None
         if gpu_memory_gib or max_num_seqs or max_num_batched_tokens or gpu_memory_utilization:
