@@ -101,9 +101,11 @@ def resolve_trace_path(spec: str | os.PathLike[str]) -> Path:
 
 
 @contextlib.contextmanager
-def open_text(path: Path) -> Iterator[Iterator[str]]:
+def open_text(path: Path, newline: str | None = None) -> Iterator[Iterator[str]]:
     """A trace's lines (each with its '\\n'), decompressing `.gz` files, read bounded
-    (cluster.input_files: a regular file, at most the data cap of text, UTF-8)."""
+    (cluster.input_files: a regular file, at most the data cap of text, UTF-8). Lines split
+    at '\\n' and keep a '\\r' before it, what csv wants (`newline` is accepted for callers
+    of the file-object version and changes nothing)."""
     lines = iter_lines(path, decompress=True, what="trace")
     try:
         yield lines

@@ -106,10 +106,12 @@ cell = st.one_of(
 )
 def test_any_operator_csv_cell(which: str, row: int, col: int, value: str) -> None:
     d = _DIR / "prof"
-    if not d.exists():
-        shutil.copytree(PROFILE, d)
+    if not d.exists():  # the first 40 lines of each table: parsing, not fitting, is tested
+        d.mkdir()
+        for f in PROFILE.glob("*.csv"):
+            (d / f.name).write_text("".join(f.read_text().splitlines(keepends=True)[:40]))
     target = d / which
-    original = (PROFILE / which).read_text()
+    original = target.read_text()
     rows = list(csv.reader(io.StringIO(original)))
     r = rows[min(row, len(rows) - 1)]
     r[min(col, len(r) - 1)] = value
