@@ -29,7 +29,7 @@ import gzip
 import json
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -147,7 +147,7 @@ def iter_lines(
     max_bytes: int | None = None,
     decompress: bool = False,
     what: str = "file",
-) -> Iterator[str]:
+) -> Generator[str, None, None]:
     """The UTF-8 lines of a text file, each with its '\\n' (splits at '\\n' only: JSON text
     holds no raw newline and CSV keeps its '\\r'), streamed under the data cap.
 

@@ -234,7 +234,7 @@ class ModelShape:
         mlp_only = cfg.get("mlp_only_layers") or []
         if experts and isinstance(mlp_only, list):
             dense += len(mlp_only)
-        kwargs = dict(
+        kwargs: dict[str, Any] = dict(
             name=str(cfg.get("_name_or_path") or cfg.get("name") or source),
             model_type=str(cfg.get("model_type", "")),
             num_layers=layers,
