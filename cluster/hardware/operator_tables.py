@@ -43,7 +43,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from cluster import size_limits as limits
 from cluster.core import ConfigError
+from cluster.input_files import InputFileError, iter_lines
 
 FloatArray = npt.NDArray[np.float64]
 US = 1e-6
@@ -52,6 +54,8 @@ REPLICATED = frozenset({"layernorm", "final_layernorm", "qk_norm", "embedding", 
 PER_LAYER_COUNT = {"layernorm": 2}  # input_layernorm and post_attention_layernorm
 ATTENTION_COLUMNS = ("prefill_chunk", "kv_prefill", "n_decode", "kv_decode")
 MOE_KINDS = ("one-gpu", "per-ep-rank")
+MAX_KEY = int(limits.MODEL_LEN.hi)  # tokens, sequences or experts of one measured point
+MAX_TIME_US = 3.6e9  # an hour per operator call: anything longer is a broken measurement
 
 
 class ProfileError(ConfigError):
@@ -59,12 +63,9 @@ class ProfileError(ConfigError):
 
 
 def _rows(path: Path, header: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
+    """The CSV's rows with their line numbers, read bounded (cluster.input_files)."""
     try:
-        f = path.open(newline="")
-    except FileNotFoundError:
-        raise ProfileError(f"{path}: file is missing") from None
-    with f:
-        reader = csv.DictReader(f)
+        reader = csv.DictReader(iter_lines(path, what="profile CSV"))
         got = tuple(reader.fieldnames or ())
         missing = [c for c in header if c not in got]
         if missing:
@@ -73,6 +74,10 @@ def _rows(path: Path, header: tuple[str, ...]) -> Iterator[tuple[int, dict[str, 
             )
         for row in reader:
             yield reader.line_num, row
+    except InputFileError as exc:
+        raise ProfileError(f"{path}: file is missing" if exc.missing else str(exc)) from None
+    except csv.Error as exc:
+        raise ProfileError(f"{path}: line {reader.line_num}: not valid CSV ({exc})") from None
 
 
 def _number(path: Path, line: int, field: str, text: str | None, *, integer: bool = False) -> float:
@@ -80,10 +85,14 @@ def _number(path: Path, line: int, field: str, text: str | None, *, integer: boo
         value = float(text) if text is not None else float("nan")
     except ValueError:
         value = float("nan")
-    bad = not np.isfinite(value) or value < 0 or (integer and value != int(value))
-    if bad:
+    top = MAX_KEY if integer else MAX_TIME_US
+    if not np.isfinite(value) or value < 0 or (integer and value != int(value)):
         kind = "an integer >= 0" if integer else "a finite number >= 0"
         raise ProfileError(f"{path}: line {line}: field {field} must be {kind}, got {text!r}")
+    if value > top:
+        raise ProfileError(
+            f"{path}: line {line}: field {field} must be at most {top:g}, got {text!r}"
+        )
     return value
 
 
@@ -191,11 +200,14 @@ class OperatorTables:
             )
         factor = target / profiled_tp
         dense_ops = sorted(
-            {r["layer"].strip() for _, r in _rows(d / "dense.csv", ("layer", "tokens", "time_us"))}
+            {
+                (r["layer"] or "").strip()
+                for _, r in _rows(d / "dense.csv", ("layer", "tokens", "time_us"))
+            }
         )
         seq_ops = sorted(
             {
-                r["layer"].strip()
+                (r["layer"] or "").strip()
                 for _, r in _rows(d / "per_sequence.csv", ("layer", "sequences", "time_us"))
             }
         )
@@ -212,7 +224,7 @@ class OperatorTables:
         )
         seq = _per_key(d / "per_sequence.csv", "sequences", scale, dict.fromkeys(seq_ops, 1.0))
         att = cls._attention(d / "attention.csv", factor)
-        moe = cls._moe(d / "moe.csv", factor) if (d / "moe.csv").is_file() else None
+        moe = cls._moe(d / "moe.csv", factor) if (d / "moe.csv").exists() else None
 
         def table(m: dict[int, float]) -> Table1D:
             k = sorted(m)

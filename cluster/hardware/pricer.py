@@ -61,6 +61,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from cluster import size_limits as limits
+from cluster.core import ConfigError
 from cluster.hardware.attention_kernel import decode_kv_reads
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_tables import OperatorTables, Table1D
@@ -219,6 +221,25 @@ class Parallelism:
     link_gbps: float = 25.0
     link_latency_s: float = 10e-6
     expert_load_skew: float = 1.0
+
+    def __post_init__(self) -> None:
+        """Degrees and the link model within their ceilings (cluster.size_limits); NaN or
+        infinite values are refused here, so none reaches a profile's JSON."""
+        limits.TENSOR_PARALLEL.check("--tp", self.tp)
+        limits.DATA_PARALLEL.check("--dp", self.dp)
+        limits.EXPERT_PARALLEL.check("--ep", self.ep)
+        if self.ep > self.tp * self.dp:
+            raise ConfigError(
+                f"--ep must be at most --tp x --dp = {self.tp * self.dp}, got {self.ep}"
+            )
+        limits.LINK_GBPS.check("--link-gbps", self.link_gbps)
+        lat_us = (
+            self.link_latency_s * 1e6
+            if isinstance(self.link_latency_s, int | float)
+            else self.link_latency_s
+        )
+        limits.LINK_LATENCY_US.check("--link-latency-us", lat_us)
+        limits.EXPERT_LOAD_SKEW.check("--expert-load-skew", self.expert_load_skew)
 
 
 @dataclass(eq=False)
