@@ -300,8 +300,9 @@ class ControlService:
             snap["branches_active"] = len(cp.active_branches())
             decision = cp.planner_settings().last_decision
             snap["planner_decision"] = None if decision is None else decision_json(decision)
-            for n in snap["nodes"]:
-                n["directory_blocks"] = cp.node_blocks(n["id"])
+            snap["nodes"] = [
+                {**n, "directory_blocks": cp.node_blocks(n["id"])} for n in snap["nodes"]
+            ]
             return snap
 
     # ---- mutations -----------------------------------------------------------------------

@@ -3,8 +3,10 @@
 `run_cli` starts `python -m toolkit.cli ARGS` in a subprocess whose address space is capped
 (`RLIMIT_AS`, 1.5 GiB: the interpreter with duckdb, pyarrow and numpy maps ~0.8 GiB, so a
 command that reads a whole /dev/zero, or builds a hundred million agents, fails there instead
-of taking the machine), kills it after `timeout_s`, and reads its peak RSS from the kernel's
-accounting of that one child (`os.wait4`). `cli` runs a command in-process (typer's runner:
+of taking the machine), kills it after `timeout_s`, and reads its peak RSS as the command's
+own process saw it at exit (`VmHWM` of /proc/self/status, written by an atexit hook; not
+`wait4`'s `ru_maxrss`, which keeps the high-water mark of the forked copy of this pytest
+process, gigabytes late in a full run). `cli` runs a command in-process (typer's runner:
 milliseconds, for the many hypothesis examples). `one_line_error` is what every refusal must
 look like: non-zero exit, one line starting `error:` that names what was wrong, no traceback.
 """
@@ -16,7 +18,6 @@ import resource
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -39,6 +40,31 @@ class Ran(NamedTuple):
     seconds: float
 
 
+# Runs `toolkit.cli` as `python -m` would, first registering a hook that writes this process's
+# own peak RSS (kB, the high-water mark of the exec'd image only) to the file $_PDLAB_HWM_FILE.
+_LAUNCH = """
+import atexit, os, runpy
+
+def _hwm():
+    with open('/proc/self/status') as f:
+        kb = next(line.split()[1] for line in f if line.startswith('VmHWM:'))
+    with open(os.environ['_PDLAB_HWM_FILE'], 'w') as f:
+        f.write(kb)
+
+atexit.register(_hwm)
+runpy.run_module('toolkit.cli', run_name='__main__', alter_sys=True)
+"""
+
+
+def _peak_rss_mb(hwm_file: Path) -> float:
+    """The child's own peak RSS in MB as its exit hook wrote it; NaN (fails every bound) when
+    it wrote none (killed before exit)."""
+    try:
+        return int(hwm_file.read_text()) / 1024
+    except (OSError, ValueError):
+        return float("nan")
+
+
 def run_cli(
     *args: str,
     timeout_s: float = 60.0,
@@ -52,24 +78,33 @@ def run_cli(
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    with (
+        tempfile.TemporaryFile() as out,
+        tempfile.TemporaryFile() as err,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
+        hwm_file = Path(tmp) / "hwm"
         t0 = time.monotonic()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "toolkit.cli", *args],
+            [sys.executable, "-c", _LAUNCH, *args],
             stdout=out,
             stderr=err,
             stdin=subprocess.DEVNULL,
             cwd=cwd or ROOT,
-            env={**os.environ, "COLUMNS": "200", **(env or {})},
+            env={
+                **os.environ,
+                "COLUMNS": "200",
+                "_PDLAB_HWM_FILE": str(hwm_file),
+                **(env or {}),
+            },
             preexec_fn=cap,
         )
-        timer = threading.Timer(timeout_s, proc.kill)
-        timer.start()
         try:
-            _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak RSS
-        finally:
-            timer.cancel()
-        proc.returncode = os.waitstatus_to_exitcode(status)
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        peak_mb = _peak_rss_mb(hwm_file)
         seconds = time.monotonic() - t0
         out.seek(0)
         err.seek(0)
@@ -77,7 +112,7 @@ def run_cli(
             proc.returncode,
             out.read().decode(errors="replace"),
             err.read().decode(errors="replace"),
-            usage.ru_maxrss / 1024,
+            peak_mb,
             seconds,
         )
 
