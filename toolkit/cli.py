@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from toolkit.cli_style import HELP_STYLE
 from toolkit.commands_advise import advise_command
 from toolkit.commands_attach import attach_command
 from toolkit.commands_bench import bench_command
@@ -26,6 +27,7 @@ app = typer.Typer(
     help="Analytics, modeling and control for agent-adaptive PD-disaggregated LLM serving.",
     no_args_is_help=True,
     add_completion=False,
+    **HELP_STYLE,
 )
 
 

@@ -23,11 +23,14 @@ from typing import Any
 
 import typer
 
+from toolkit.cli_style import HELP_STYLE
+
 EXIT_INPUT = 2
 
 import_app = typer.Typer(
     help="Import serving runs recorded by other tools (vLLM, SGLang benchmarks).",
     no_args_is_help=True,
+    **HELP_STYLE,
 )
 
 
