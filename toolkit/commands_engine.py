@@ -110,6 +110,11 @@ def engine_command(
     ),
 ) -> None:
     """Serve one torch engine (SGLang's HTTP API, KV events, forward-pass metrics)."""
+    from toolkit.extras import torch_missing
+
+    if (missing := torch_missing("pdlab engine")) is not None:
+        typer.echo(f"error: {missing}", err=True)
+        raise typer.Exit(2)
     import zmq
 
     from cluster.engines.shell.guard import engine_token, write_token_file

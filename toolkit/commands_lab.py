@@ -80,6 +80,12 @@ def lab_command(
     if engines not in ENGINES:
         console.print(f"[red]error:[/] --engines must be one of {', '.join(ENGINES)}")
         raise typer.Exit(2)
+    if engines == "torch":
+        from toolkit.extras import torch_missing
+
+        if (missing := torch_missing("--engines torch")) is not None:
+            typer.echo(f"error: {missing}", err=True)  # one line, however narrow
+            raise typer.Exit(2)
     d_nodes, d_split, d_agents = DEFAULT_SHAPE[engines]
     token = token or os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(18)
     lab_token = lab_token or secrets.token_urlsafe(18)

@@ -131,6 +131,12 @@ def serve_command(
             f"[red]error:[/] --engines must be one of {', '.join(ENGINES)}, got {engines!r}"
         )
         raise typer.Exit(2)
+    if engines == "torch" and sglang is None:
+        from toolkit.extras import torch_missing
+
+        if (missing := torch_missing("--engines torch")) is not None:
+            typer.echo(f"error: {missing}", err=True)  # one line, however narrow
+            raise typer.Exit(2)
     d_nodes, d_split, d_agents = DEFAULT_SHAPE[engines]
     nodes = d_nodes if nodes is None else nodes
     split = d_split if split is None else split
