@@ -10,6 +10,7 @@ from toolkit.commands_attach import attach_command
 from toolkit.commands_bench import bench_command
 from toolkit.commands_collect import collect_app
 from toolkit.commands_engine import engine_command
+from toolkit.commands_export import export_command
 from toolkit.commands_fit import fit_command, synth_logs_command
 from toolkit.commands_import import import_app
 from toolkit.commands_lab import lab_command
@@ -61,6 +62,7 @@ app.command("twin")(twin_command)
 app.command("advise")(advise_command)
 app.command("validate")(validate_command)
 app.command("attach")(attach_command)
+app.command("export")(export_command)
 app.add_typer(collect_app, name="collect")
 app.add_typer(import_app, name="import")
 app.add_typer(profile_app, name="profile")
