@@ -5,6 +5,7 @@ and what to run next."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import duckdb
@@ -51,7 +52,9 @@ def test_the_main_job_says_where_its_db_went_and_what_to_run_next(tmp_path, monk
     assert f"telemetry of run {run_id} in {tmp_path / 'pdlab.duckdb'}" in tail
     assert f"pdlab report pdlab.duckdb --run {run_id} -o report.html" in tail
     assert f"pdlab fit pdlab.duckdb --run {run_id}" in tail
-    assert "pdlab lab" in tail
+    assert re.search(
+        r"pdlab lab --db pdlab.duckdb +# JupyterLab: notebooks 01/02 open this run", tail
+    )
     res = CliRunner().invoke(app, [*TINY, "--duration", "60"])
     assert res.exit_code == 0 and "telemetry not stored: add --db FILE" in res.stdout
 
