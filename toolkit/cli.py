@@ -9,6 +9,7 @@ from toolkit.commands_advise import advise_command
 from toolkit.commands_attach import attach_command
 from toolkit.commands_bench import bench_command
 from toolkit.commands_collect import collect_app
+from toolkit.commands_data import data_app
 from toolkit.commands_engine import engine_command
 from toolkit.commands_export import export_command
 from toolkit.commands_fit import fit_command, synth_logs_command
@@ -66,6 +67,7 @@ app.command("export")(export_command)
 app.add_typer(collect_app, name="collect")
 app.add_typer(import_app, name="import")
 app.add_typer(profile_app, name="profile")
+app.add_typer(data_app, name="data")
 
 
 if __name__ == "__main__":  # pragma: no cover

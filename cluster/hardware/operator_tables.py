@@ -29,10 +29,11 @@ Malformed files raise ProfileError naming the file, line and field.
 from __future__ import annotations
 
 import csv
+import gzip
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -51,9 +52,21 @@ class ProfileError(ConfigError):
     """A profile file is missing or malformed (the message names file, line and field)."""
 
 
+def has_file(path: Path) -> bool:
+    """The file, or its gzip-compressed copy `<name>.gz`, exists."""
+    return path.is_file() or path.with_name(path.name + ".gz").is_file()
+
+
+def open_csv(path: Path) -> IO[str]:
+    """Open a CSV, or its `<name>.gz` copy (FileNotFoundError when neither exists)."""
+    if not path.is_file() and path.with_name(path.name + ".gz").is_file():
+        return gzip.open(path.with_name(path.name + ".gz"), "rt", newline="")
+    return path.open(newline="")
+
+
 def _rows(path: Path, header: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
     try:
-        f = path.open(newline="")
+        f = open_csv(path)  # or its `.gz` copy (the bundled data)
     except FileNotFoundError:
         raise ProfileError(f"{path}: file is missing") from None
     with f:

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import duckdb
 import pytest
 from typer.testing import CliRunner
 
+from cluster.data import BUNDLED
 from toolkit.cli import app
 
 TINY = [
@@ -95,10 +95,9 @@ def test_prefill_forms_flag_prices_routing_with_the_fitted_form(tmp_path):
     from cluster.hardware.model_shape import ModelShape
     from cluster.hardware.operator_profile import build_profile
 
-    fixtures = Path(__file__).resolve().parents[1] / "fixtures"
     prof = build_profile(
-        fixtures / "profiles/llmservingsim_rtx4090_llama31_8b",
-        ModelShape.load(fixtures / "models/meta-llama/Llama-3.1-8B.json"),
+        BUNDLED / "profiles/llmservingsim_rtx4090_llama31_8b",
+        ModelShape.load(BUNDLED / "models/meta-llama/Llama-3.1-8B.json"),
     )
     assert prof.fits["prefill"].best.form != "paper"
     path = tmp_path / "llama.json"
