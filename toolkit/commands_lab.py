@@ -12,6 +12,7 @@ its kernels down; any kernel left is terminated), the server by SIGINT (it print
 consolidates into the DB, and stops its engines); a `kill -9` of `lab` makes Linux send
 both children SIGTERM.
 """
+
 from __future__ import annotations
 
 import os

@@ -45,7 +45,7 @@ def test_a_venv_without_torch_runs_everything_but_the_engine(tmp_path: Path) -> 
 
     out = ok("simulate", "--nodes", "2", "--split", "1P1D", "--agents", "6", "--duration",
              "150", "--warmup", "30", "--db", "pdlab.duckdb", "--fit")  # fmt: skip
-    assert "rows written to model_fits" in out and "pdlab lab --db pdlab.duckdb" in out
+    assert "iteration-time fits of run" in out and "pdlab lab --db pdlab.duckdb" in out
     ok("fit", "pdlab.duckdb", "--bootstrap", "0")
     assert "wrote" in ok("report", "pdlab.duckdb", "-o", "report.html")
     run_dir = ok("data", "path", "vllm-rtx4090-llama31-8b").strip()
