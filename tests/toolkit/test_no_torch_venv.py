@@ -56,7 +56,7 @@ def test_a_venv_without_torch_runs_everything_but_the_engine(tmp_path: Path) -> 
     ok("profile", "import", prof, "--model-config", model, "-o", "rtx4090.json")
     twin = ok("twin", "real.duckdb", "--run", "vllm-rtx4090_llama31_8b_vllm",
               "--profile", "rtx4090.json")  # fmt: skip
-    assert "TTFT" in twin
+    assert "twin of run vllm-rtx4090_llama31_8b_vllm: 300 requests replayed" in twin
     res = _run([pdlab, "engine"], work)
     assert res.returncode == 2 and res.stderr.strip().count("\n") == 0
     assert "pip install 'pdlab[engine]'" in res.stderr
