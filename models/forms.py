@@ -66,6 +66,25 @@ class Form:
     def label(self) -> str:
         return f"{self.name}@{self.knee_tokens:g}" if self.knee_tokens else self.name
 
+    @property
+    def equation(self) -> str:
+        """The form written out in its own coefficient names (the key printed under fits)."""
+        tau = f"max({{}}, {self.knee_tokens:g})" if self.knee_tokens else "{}"
+        if self.phase == "prefill":
+            eq = f"c0 + c1*{tau.format('sum t_uc')} + c2*sum A + c3*sum t_rst"
+            if self.name == "roofline":
+                eq += " + c4*sum t_c + c5*phi(sum t_uc)"
+            return eq + (" (Eq. 1)" if self.name == "paper" else "")
+        if self.phase == "decode":
+            eq = "d0 + d1*phi(B) + d2*B"
+            return eq + (" + d3*sum ctx" if self.name == "ctx" else " (Eq. 2)")
+        if self.name == "paper":
+            return "c0 + c1*sum t_uc + c2*sum A + d1*phi(B) + d2*B (Eq. 1 + Eq. 2)"
+        return (
+            f"m0 + m1*{tau.format('N')} + m2*sum A + m3*sum ctx + m4*phi(N) + m5*num_seqs"
+            " + m6*sum t_c (N: tokens of the iteration)"
+        )
+
     def design(
         self, rows: Mapping[str, FloatArray], top_k: int = 0, num_experts: int = 0
     ) -> FloatArray:

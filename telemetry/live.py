@@ -116,23 +116,39 @@ def make_run_dir(db_path: str | os.PathLike[str], run_id: str) -> Path:
 
 def remove_run_dir(base: Path) -> None:
     shutil.rmtree(base, ignore_errors=True)
-    root = base.parent
-    with contextlib.suppress(OSError):  # only succeeds when no other run is live
-        root.rmdir()
+    remove_if_empty(base.parent)  # only succeeds when no other run is live
 
 
 @contextlib.contextmanager
 def write_intent(db_path: str | os.PathLike[str]) -> Iterator[None]:
-    """Mark that this process wants the DB lock (held as an OS lock: dies with the process)."""
+    """Mark that this process wants the DB lock (held as an OS lock: dies with the process).
+
+    The live root exists only while someone needs it: it is removed on the way out when
+    nothing else is in it (no live run, no other writer's marker), so a command that only
+    stores a few rows leaves no empty `<db>.live/` behind.
+    """
     root = live_root(db_path)
-    root.mkdir(parents=True, exist_ok=True)
     marker = RunLock(root / f"{WRITE_MARKER}{os.getpid()}-{secrets.token_hex(4)}")
-    marker.try_acquire()
+    for _ in range(5):  # another process may remove the empty root between mkdir and open
+        root.mkdir(parents=True, exist_ok=True)
+        try:
+            marker.try_acquire()
+            break
+        except FileNotFoundError:
+            continue
     try:
         yield
     finally:
         marker.release()
         marker.path.unlink(missing_ok=True)
+        remove_if_empty(root)
+
+
+def remove_if_empty(root: Path) -> None:
+    """Remove the live root when nothing is in it (another process may be using it: then
+    it is not empty, or it recreates it with `mkdir(parents=True)`)."""
+    with contextlib.suppress(OSError):
+        root.rmdir()
 
 
 def wait_for_writers(db_path: str | os.PathLike[str], timeout_s: float) -> None:

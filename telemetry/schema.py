@@ -436,7 +436,11 @@ TABLES: dict[str, tuple[Column, ...]] = {
         RUN_ID,
         T,
         NODE,
-        _c("metric", "VARCHAR", "the engine's Prometheus sample name (e.g. vllm:num_requests_running)"),
+        _c(
+            "metric",
+            "VARCHAR",
+            "the engine's Prometheus sample name (e.g. vllm:num_requests_running)",
+        ),
         _c("labels", "VARCHAR", "the sample's labels as JSON", nullable=True),
         _c("value", "DOUBLE", "its value: a gauge, or a counter's total since the engine started"),
     ),

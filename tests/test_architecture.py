@@ -18,10 +18,11 @@ MAX_LINES = 500
 
 # Which of our packages each package may import (besides itself). The top-level packages
 # follow SPEC §1 (models and telemetry depend on nothing of ours, cluster uses both, toolkit
-# uses all); inside `cluster` the layers run core -> kv, workloads -> control -> policies ->
+# uses all); inside `cluster` the layers run core (and data, the shipped real data) -> kv,
+# workloads -> control -> policies ->
 # sim -> sweep -> experiments, with the server and the SGLang adapter beside the simulator,
 # never importing it or each other (the CLI wires them together).
-BASE = ("cluster.core", "cluster.input_files", "cluster.size_limits")
+BASE = ("cluster.core", "cluster.input_files", "cluster.size_limits", "cluster.data")
 ALLOWED: dict[str, tuple[str, ...]] = {
     "models": (),
     "telemetry": (),
@@ -29,6 +30,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "cluster.core": (),
     "cluster.input_files": ("cluster.core",),
     "cluster.size_limits": ("cluster.core",),
+    "cluster.data": ("cluster.core",),  # the real data shipped with pdlab (and full copies)
     "cluster.kv": ("models", *BASE),
     "cluster.hardware": ("models", *BASE),
     "cluster.workloads": ("models", *BASE),

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import typer
 
+from toolkit.cli_style import HELP_STYLE
 from toolkit.commands_advise import advise_command
 from toolkit.commands_attach import attach_command
 from toolkit.commands_bench import bench_command
 from toolkit.commands_collect import collect_app
 from toolkit.commands_dashboards import dashboards_app
+from toolkit.commands_data import data_app
 from toolkit.commands_engine import engine_command
+from toolkit.commands_export import export_command
 from toolkit.commands_fit import fit_command, synth_logs_command
 from toolkit.commands_import import import_app
 from toolkit.commands_lab import lab_command
@@ -28,6 +31,7 @@ app = typer.Typer(
     help="Analytics, modeling and control for agent-adaptive PD-disaggregated LLM serving.",
     no_args_is_help=True,
     add_completion=False,
+    **HELP_STYLE,
 )
 
 
@@ -88,11 +92,13 @@ app.command("twin")(twin_command)
 app.command("advise")(advise_command)
 app.command("validate")(validate_command)
 app.command("attach")(attach_command)
+app.command("export")(export_command)
 app.add_typer(collect_app, name="collect")
 app.add_typer(dashboards_app, name="dashboards")
 app.add_typer(import_app, name="import")
 app.add_typer(profile_app, name="profile")
 app.add_typer(runs_app, name="runs")
+app.add_typer(data_app, name="data")
 
 
 if __name__ == "__main__":  # pragma: no cover

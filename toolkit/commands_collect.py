@@ -27,9 +27,12 @@ import typer
 from rich.console import Console
 from rich.live import Live
 
+from toolkit.cli_style import HELP_STYLE
+
 collect_app = typer.Typer(
     help="Collect live engine telemetry (SGLang/vLLM ZMQ streams) into a DuckDB file.",
     no_args_is_help=True,
+    **HELP_STYLE,
 )
 
 
@@ -189,8 +192,12 @@ def kv_events(
     replay: str | None = typer.Option(None, "--replay", help="engine replay ROUTER endpoint"),
     topic: str = typer.Option("", "--topic", help="ZMQ topic filter (SGLang default: empty)"),
     catch_up: bool = typer.Option(False, "--catch-up", help="replay the publisher's buffer first"),
-    node_name: str | None = typer.Option(None, "--node-name"),
-    hardware: str = typer.Option("unknown", "--hardware"),
+    node_name: str | None = typer.Option(
+        None, "--node-name", help="Name of the node in the nodes table (default: node-<id>)"
+    ),
+    hardware: str = typer.Option(
+        "unknown", "--hardware", help="The node's hardware, as the nodes table records it"
+    ),
     max_message_mb: float = typer.Option(
         64.0, "--max-message-mb", min=0.001, help="largest ZMQ message accepted (MiB)"
     ),
@@ -263,8 +270,12 @@ def forward_metrics(
     run_id: str | None = typer.Option(
         None, "--run-id", help="id of the new run (default: generated)"
     ),
-    node_name: str | None = typer.Option(None, "--node-name"),
-    hardware: str = typer.Option("unknown", "--hardware"),
+    node_name: str | None = typer.Option(
+        None, "--node-name", help="Name of the node in the nodes table (default: node-<id>)"
+    ),
+    hardware: str = typer.Option(
+        "unknown", "--hardware", help="The node's hardware, as the nodes table records it"
+    ),
     chunk_tokens: int | None = typer.Option(
         None, "--chunk-tokens", min=1, help="engine chunked_prefill_size (sharpens the ΣA estimate)"
     ),
@@ -336,8 +347,12 @@ def vllm_steps(
         None, "--replay", help="the plugin's replay endpoint ($PDLAB_VLLM_STEPS_REPLAY)"
     ),
     catch_up: bool = typer.Option(False, "--catch-up", help="replay the publisher's buffer first"),
-    node_name: str | None = typer.Option(None, "--node-name"),
-    hardware: str = typer.Option("unknown", "--hardware"),
+    node_name: str | None = typer.Option(
+        None, "--node-name", help="Name of the node in the nodes table (default: node-<id>)"
+    ),
+    hardware: str = typer.Option(
+        "unknown", "--hardware", help="The node's hardware, as the nodes table records it"
+    ),
     max_message_mb: float = typer.Option(
         64.0, "--max-message-mb", min=0.001, help="largest ZMQ message accepted (MiB)"
     ),

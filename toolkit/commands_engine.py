@@ -42,14 +42,23 @@ from cluster.core import ConfigError
 if TYPE_CHECKING:
     from cluster.engines.torch.dp_group import DPGroup
 
+# --role -> the engine's role ("null" is SGLang's name for a collocated engine)
+ROLES = {"collocated": "null", "null": "null", "prefill": "prefill", "decode": "decode"}
+
 
 def engine_command(
     model: str = typer.Option("tiny-moe", "--model", help="tiny-moe, small-moe or small-dense."),
-    host: str = typer.Option("127.0.0.1", "--host"),
+    host: str = typer.Option(
+        "127.0.0.1", "--host", help="Bind address of the HTTP API (loopback by default)."
+    ),
     port: int = typer.Option(
         30000, "--port", min=0, max=65535, help="HTTP port (0 = any free port)."
     ),
-    role: str = typer.Option("null", "--role", help="null (collocated), prefill or decode."),
+    role: str = typer.Option(
+        "collocated",
+        "--role",
+        help="collocated (SGLang's 'null', accepted too), prefill or decode.",
+    ),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16."),
     threads: int = typer.Option(1, "--threads", help="torch threads on CPU."),
@@ -68,9 +77,21 @@ def engine_command(
     bootstrap_port: int = typer.Option(
         0, "--bootstrap-port", min=0, max=65535, help="PD bootstrap server port."
     ),
-    kv_events_endpoint: str | None = typer.Option(None, "--kv-events-endpoint"),
-    kv_replay_endpoint: str | None = typer.Option(None, "--kv-replay-endpoint"),
-    forward_metrics_endpoint: str | None = typer.Option(None, "--forward-metrics-endpoint"),
+    kv_events_endpoint: str | None = typer.Option(
+        None,
+        "--kv-events-endpoint",
+        help="ZMQ PUB endpoint of the KV events, e.g. tcp://127.0.0.1:5557 (default: a free port on --host, printed when ready).",
+    ),
+    kv_replay_endpoint: str | None = typer.Option(
+        None,
+        "--kv-replay-endpoint",
+        help="ZMQ ROUTER endpoint answering KV-event replay requests (default: a free port on --host, printed when ready).",
+    ),
+    forward_metrics_endpoint: str | None = typer.Option(
+        None,
+        "--forward-metrics-endpoint",
+        help="ZMQ PUB endpoint of the forward-pass metrics (default: a free port on --host, printed when ready).",
+    ),
     parent_pid: int | None = typer.Option(
         None, "--parent-pid", help="Stop when this process is gone (the launcher's pid)."
     ),
@@ -96,6 +117,11 @@ def engine_command(
     ),
 ) -> None:
     """Serve one torch engine (SGLang's HTTP API, KV events, forward-pass metrics)."""
+    from toolkit.extras import torch_missing
+
+    if (missing := torch_missing("pdlab engine")) is not None:
+        typer.echo(f"error: {missing}", err=True)
+        raise typer.Exit(2)
     import zmq
 
     from cluster.engines.shell.guard import engine_token
@@ -103,9 +129,13 @@ def engine_command(
     from cluster.engines.torch.dp_group import DPGroup
     from cluster.engines.torch.engine import TorchEngine
 
-    if role not in ("null", "prefill", "decode"):
-        typer.echo(f"error: --role must be null, prefill or decode, got {role!r}", err=True)
+    if role not in ROLES:
+        typer.echo(
+            f"error: --role must be collocated (or null), prefill or decode, got {role!r}",
+            err=True,
+        )
         raise typer.Exit(2)
+    role = ROLES[role]
     try:
         secret, generated = engine_token(token)
         cfg = EngineConfig(

@@ -15,6 +15,7 @@ Heavy imports happen inside the commands so `pdlab --help` stays fast.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,26 @@ def _compact_cell(fit: Any, notes: dict[str, int]) -> str:
     return " ".join(f"{v:.2e}" for v in fit.coef) + ref
 
 
+def form_key(forms: Iterable[tuple[str, str]]) -> list[str]:
+    """One line per (phase, form label) used: its coefficients in the order printed, written
+    out (models.forms.Form.equation), so `c4`, `d3` or `m0` are never shown without a key."""
+    from models.forms import form_by_label
+
+    seen: dict[str, str] = {}
+    for phase, form in forms:
+        label = phase if form == "paper" else f"{phase} ({form})"
+        if label not in seen:
+            try:
+                seen[label] = form_by_label(phase, form).equation  # type: ignore[arg-type]
+            except ValueError:
+                seen[label] = "(unknown form)"
+    width = max((len(k) for k in seen), default=0)
+    return [
+        f"{'key:' if i == 0 else '':4} {label:<{width}}  {eq}"
+        for i, (label, eq) in enumerate(seen.items())
+    ]
+
+
 def _print_table(result: Any, written: int | None, wide: bool = False) -> None:
     """The fits of a run: compact by default (one line per node and phase, readable at 80
     columns, notes numbered below the table); `wide` shows each coefficient with its CI."""
@@ -100,8 +121,8 @@ def _print_table(result: Any, written: int | None, wide: bool = False) -> None:
     else:
         table = Table(
             title=f"iteration-time fits of run {result.run_id}",
-            caption="prefill c0 c1 c2 c3 (Eq. 1), decode d0 d1 d2 (Eq. 2), in seconds; "
-            "MAPE on held-out iterations; --wide adds 95% CIs",
+            caption="coefficients in seconds (key below); MAPE on held-out iterations; "
+            "--wide adds 95% CIs",
             box=box.SIMPLE_HEAD,
             padding=(0, 1),
         )
@@ -120,6 +141,9 @@ def _print_table(result: Any, written: int | None, wide: bool = False) -> None:
             cell = _coef_cell(fit, tuple(fit.terms) or terms) if wide else _compact_cell(fit, notes)
             table.add_row(str(node.node_id), phase, cell, mape, samples)
     console.print(table)
+    fits = [fit for node in result.nodes for fit in (node.prefill, node.decode) if fit.ok]
+    for line in form_key((fit.phase, fit.form) for fit in fits):
+        console.print(line, highlight=False)
     for text, number in notes.items():
         console.print(f"[{number}] {escape(text)}", highlight=False)
     if written is not None:

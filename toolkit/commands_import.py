@@ -24,6 +24,7 @@ from typing import Any
 
 import typer
 
+from toolkit.cli_style import HELP_STYLE
 from toolkit.formatting import json_text
 
 EXIT_INPUT = 2
@@ -31,6 +32,7 @@ EXIT_INPUT = 2
 import_app = typer.Typer(
     help="Import serving runs recorded by other tools (vLLM, SGLang benchmarks).",
     no_args_is_help=True,
+    **HELP_STYLE,
 )
 
 

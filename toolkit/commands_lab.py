@@ -2,11 +2,15 @@
 
 `lab` starts `pdlab serve` (a simulated cluster, or `--engines torch`: real torch engine
 processes) and, once it answers, JupyterLab on `notebooks/` with PDLAB_URL, PDLAB_TOKEN and
-PDLAB_DB set, so notebook 04 connects to the server. Both children run in sessions of their
-own (`toolkit.processes.spawn`); Ctrl-C, SIGTERM or SIGHUP of `lab` stops JupyterLab first
-(SIGTERM: it shuts its kernels down; any kernel left is terminated), then the server
-(SIGINT: it consolidates the run into the DB and stops its engines), and a `kill -9` of
-`lab` makes Linux send both children SIGTERM.
+PDLAB_DB set, so notebook 04 connects to the server. The live run is added to `--db`, by
+default the main job's `pdlab.duckdb`, whose run notebooks 01 and 02 open. The simulated
+cluster's default (4 nodes, 32 agents, at most 10x, adaptive pace: `--max-lag`) keeps pace on
+a loaded 2-core machine, and when a machine cannot, the clock slows instead of the lag
+growing. Both children run in sessions of their own (`toolkit.processes.spawn`); Ctrl-C,
+SIGTERM or SIGHUP of `lab` stops both at once, saying so: JupyterLab by SIGTERM (it shuts
+its kernels down; any kernel left is terminated), the server by SIGINT (it prints what it
+consolidates into the DB, and stops its engines); a `kill -9` of `lab` makes Linux send
+both children SIGTERM.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -23,9 +28,14 @@ import typer
 from rich.console import Console
 
 from cluster.core import ConfigError
-from toolkit.commands_serve import DEFAULT_SHAPE, ENGINES, TOKEN_ENV
+from toolkit.commands_serve import ENGINES, TOKEN_ENV
 
 console = Console(stderr=True)
+MAIN_DB = "pdlab.duckdb"  # the main job's database (README's first command)
+# Lab defaults per kind of engine (nodes, split, agents): a simulated cluster a loaded 2-core
+# machine keeps at 10x (9 nodes and 126 agents simulate at ~4x there and write ~7x the rows
+# per simulated second), or 3 torch processes.
+LAB_SHAPE = {"sim": (4, "2P2D", 32), "torch": (3, "1P2D", 8)}
 
 
 def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
@@ -52,15 +62,23 @@ def lab_command(
     ),
     token: str | None = typer.Option(None, help=f"Server bearer token (default: ${TOKEN_ENV})"),
     db: Path = typer.Option(
-        Path("pdlab-live.duckdb"), help="DuckDB file the live run writes (notebooks read it)"
+        Path(MAIN_DB),
+        help="DuckDB file the live run is added to; default: the main job's (the README's "
+        "first command); notebooks 01/02 read its run, 04 the live one",
     ),
     engines: str = typer.Option("sim", help="sim | torch (real torch engine processes)"),
-    speed: float = typer.Option(10.0, help="Simulated seconds per wall-clock second"),
+    speed: float = typer.Option(10.0, help="Simulated seconds per wall-clock second (at most)"),
+    max_lag: float = typer.Option(
+        2.0,
+        "--max-lag",
+        help="sim: when the simulator falls this many wall seconds behind --speed, the clock "
+        "slows to its pace (the lag stays bounded); 0: fixed pace",
+    ),
     workload: str = typer.Option("cc", help="Workload of the cluster's agents"),
-    nodes: int | None = typer.Option(None, help="Number of nodes (default 9; torch: 3)"),
-    split: str | None = typer.Option(None, help="Initial split XPYD (default 4P5D; torch: 1P2D)"),
+    nodes: int | None = typer.Option(None, help="Number of nodes (default 4; torch: 3)"),
+    split: str | None = typer.Option(None, help="Initial split XPYD (default 2P2D; torch: 1P2D)"),
     agents: int | None = typer.Option(
-        None, help="Concurrent agents, closed loop (default 126; torch: 8)"
+        None, help="Concurrent agents, closed loop (default 32; torch: 8)"
     ),
     window: float = typer.Option(
         300.0, help="Planner window (simulated s; shorter than serve's so gains show sooner)"
@@ -90,7 +108,13 @@ def lab_command(
     if engines not in ENGINES:
         console.print(f"[red]error:[/] --engines must be one of {', '.join(ENGINES)}")
         raise typer.Exit(2)
-    d_nodes, d_split, d_agents = DEFAULT_SHAPE[engines]
+    if engines == "torch":
+        from toolkit.extras import torch_missing
+
+        if (missing := torch_missing("--engines torch")) is not None:
+            typer.echo(f"error: {missing}", err=True)  # one line, however narrow
+            raise typer.Exit(2)
+    d_nodes, d_split, d_agents = LAB_SHAPE[engines]
     token = token or os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(18)
     lab_token = lab_token or secrets.token_urlsafe(18)
     url = f"http://127.0.0.1:{port}"
@@ -98,7 +122,8 @@ def lab_command(
     env = {**os.environ, "PDLAB_URL": url, "PDLAB_TOKEN": token, "PDLAB_DB": str(db)}
     serve = spawn(
         [sys.executable, "-m", "toolkit.cli", "serve", "--port", str(port), "--db", str(db),
-         "--engines", engines, "--speed", str(speed), "--workload", workload,
+         "--engines", engines, "--speed", str(speed), "--max-lag", str(max_lag),
+         "--workload", workload,
          "--nodes", str(nodes or d_nodes), "--split", split or d_split,
          "--agents", str(agents or d_agents), "--window", str(window), "--model", model,
          "--token-scale", str(token_scale), "--parent-pid", str(os.getpid())],
@@ -129,6 +154,18 @@ def lab_command(
         console.print(f"[red]error:[/] {err}")
         raise typer.Exit(1) from None
     finally:
-        if lab is not None:
-            stop_tree(lab, signal.SIGTERM, 20)  # SIGINT would ask for confirmation
-        stop_tree(serve, signal.SIGINT, 60)
+        print(
+            f"pdlab lab: stopping JupyterLab and the server (the server consolidates its run "
+            f"into {db})",
+            file=sys.stderr,
+            flush=True,
+        )
+        # Both at once: JupyterLab's kernels shut down while the server consolidates.
+        stopper = None
+        if lab is not None:  # SIGINT would ask for confirmation
+            stopper = threading.Thread(target=stop_tree, args=(lab, signal.SIGTERM, 20))
+            stopper.start()
+        stop_tree(serve, signal.SIGINT, 600)  # a long run's consolidation says how it goes
+        if stopper is not None:
+            stopper.join()
+        print("pdlab lab: stopped", file=sys.stderr, flush=True)

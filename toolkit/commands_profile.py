@@ -25,13 +25,16 @@ from typing import Any
 
 import typer
 
+from toolkit.cli_style import HELP_STYLE
 from toolkit.formatting import json_text, percent
 
 EXIT_INPUT = 2
 GIB = 1024**3
 
 profile_app = typer.Typer(
-    help="Hardware profiles from measured operator timings.", no_args_is_help=True
+    help="Hardware profiles from measured operator timings.",
+    no_args_is_help=True,
+    **HELP_STYLE,
 )
 
 
@@ -74,6 +77,8 @@ def _print(info: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from toolkit.commands_fit import form_key
+
     table = Table(
         title=f"profile {info['name']} (TP {info['tp']}) -> {info['profile']}",
         caption="held-out MAPE (5-fold) over the measured grid; coefficients in seconds with 95% intervals",
@@ -103,6 +108,8 @@ def _print(info: dict[str, Any]) -> None:
         f"weights {info['weight_bytes'] / GIB:.2f} GiB per rank ({info['weight_bytes_total'] / GIB:.2f} GiB in all)"
         + (f"; KV capacity {info['kv_tokens']} tokens" if info["kv_tokens"] else "")
     )
+    for line in form_key((phase, f["chosen"]) for phase, f in info["fits"].items()):
+        console.print(line, highlight=False)
     for note in info["notes"]:
         console.print(f"[dim]{note}[/dim]")
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,6 +31,7 @@ from rich.markup import escape
 from cluster.core import ConfigError, leave_garbage_to_os
 
 if TYPE_CHECKING:
+    from cluster.sim.paced import PaceConfig
     from toolkit.sim_options import SimOptions
 
 console = Console(stderr=True)
@@ -111,6 +113,13 @@ def serve_command(
     profile: str = typer.Option("gb300", help="Hardware preset (gb300, h200) or fit JSON"),
     seed: int = typer.Option(0, help="Random seed"),
     speed: float = typer.Option(10.0, help="Simulated seconds per wall-clock second"),
+    max_lag: float = typer.Option(
+        0.0,
+        "--max-lag",
+        help="Adaptive pace: when the simulator falls this many wall seconds behind --speed, "
+        "the clock slows to its pace (the lag stays bounded; health reports speed_kept). "
+        "0: fixed pace, the lag may grow without bound",
+    ),
     host: str = typer.Option("127.0.0.1", help="Bind address (loopback by default)"),
     port: int = typer.Option(8600, help="TCP port"),
     token: str | None = typer.Option(
@@ -157,6 +166,12 @@ def serve_command(
             f"[red]error:[/] --engines must be one of {', '.join(ENGINES)}, got {engines!r}"
         )
         raise typer.Exit(2)
+    if engines == "torch" and sglang is None:
+        from toolkit.extras import torch_missing
+
+        if (missing := torch_missing("--engines torch")) is not None:
+            typer.echo(f"error: {missing}", err=True)  # one line, however narrow
+            raise typer.Exit(2)
     d_nodes, d_split, d_agents = DEFAULT_SHAPE[engines]
     nodes = d_nodes if nodes is None else nodes
     split = d_split if split is None else split
@@ -198,6 +213,7 @@ def serve_command(
         )  # fmt: skip
         serve_torch(opts, host=host, port=port, token=token, db=db, run_id=run_id)
         return
+    from cluster.sim.paced import PaceConfig
     from toolkit.sim_options import SimOptions
 
     sim = SimOptions(
@@ -206,13 +222,18 @@ def serve_command(
         router=router, eviction=eviction, profile=profile, seed=seed, window=window,
         slices=slices, telemetry=telemetry,
     )  # fmt: skip
-    _serve_sim(sim, speed, planner_mode, host=host, port=port, token=token, db=db, run_id=run_id)
+    pace = PaceConfig(speed=speed, planner_mode=planner_mode, max_lag_wall_s=max_lag)
+    _serve_sim(sim, pace, host=host, port=port, token=token, db=db, run_id=run_id)
+
+
+def _say(line: str) -> None:
+    """A line of the server's shutdown (what it consolidates), printed as it happens."""
+    print(f"pdlab serve: {line}", file=sys.stderr, flush=True)
 
 
 def _serve_sim(
     options: SimOptions,
-    speed: float,
-    planner_mode: str,
+    pace: PaceConfig,
     *,
     host: str,
     port: int,
@@ -224,14 +245,12 @@ def _serve_sim(
     import uvicorn
 
     from cluster.server import ControlService, create_app
-    from cluster.sim.paced import PaceConfig, PacedSimulation
+    from cluster.sim.paced import PacedSimulation
     from toolkit.processes import serving
 
     try:
         cfg = options.to_config()
-        engines = PacedSimulation(
-            cfg, db, PaceConfig(speed=speed, planner_mode=planner_mode), run_id
-        )
+        engines = PacedSimulation(cfg, db, pace, run_id, say=_say)
         service = ControlService(engines)
     except (ConfigError, ValueError) as err:
         console.print(f"[red]error:[/] {err}")
@@ -240,8 +259,10 @@ def _serve_sim(
     url = f"http://{host}:{port}"
     # Printed before the server starts so wrappers (pdlab lab, tests) can read it at once.
     print(f"pdlab serve: {url} token={token}", flush=True)
+    adaptive = f" (adaptive: slower when the simulator lags {pace.max_lag_wall_s:g} s)"
     console.print(
-        f"[bold]pdlab serve[/] {url}  speed {speed:g}x  db {db or '(none)'}\n"
+        f"[bold]pdlab serve[/] {url}  speed {pace.speed:g}x"
+        f"{adaptive if pace.max_lag_wall_s > 0 else ''}  db {db or '(none)'}\n"
         f"  mutating calls: Authorization: Bearer {token}"
     )
     server = uvicorn.Server(

@@ -377,7 +377,10 @@ def _print_next_steps(db: Path | None, runs: list[str], fitted: bool) -> None:
             if fitted
             else "fit each node's iteration-time models",
         ),
-        ("pdlab lab", "JupyterLab on the notebooks, with a live cluster to control"),
+        (
+            f"pdlab lab --db {arg}",
+            "JupyterLab: notebooks 01/02 open this run, 04 a live cluster added to the DB",
+        ),
     ]
     width = max(len(c) for c, _ in steps)
     out.print("next:", highlight=False)

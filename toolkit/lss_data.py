@@ -1,8 +1,7 @@
 """The A6000 runs of LLMServingSim's ISPASS'26 artifact, imported in one call.
 
-`lss_a6000_dir()` finds `lss_ispass26_a6000/` under the real data directory
-(cluster.workloads.traces.data_dir: $PDLAB_DATA_DIR, else ../shared/data, else the trimmed
-copy in tests/fixtures); `import_lss_a6000(db)` imports its six setups with
+`lss_a6000_dir()` finds `lss_ispass26_a6000/` in the real data (cluster.data: a full copy
+in $PDLAB_DATA_DIR or ../shared/data, else the copy bundled with pdlab); `import_lss_a6000(db)` imports its six setups with
 `pdlab import lss-run`'s reader, each with the flags its name says (figure 5: MD, SD+PC,
 PDD, SM with their throughput series and LLMServingSim's; figure 7: SD+PC and MD+PC+PS with
 their per-instance and shared-pool prefix series). The same calls on the H100 copy of the
@@ -14,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from cluster.workloads.traces import data_dir
+from cluster.data import data_path
 
 LLAMA = "sharegpt_req300_rate10_llama.jsonl"
 PHI = "sharegpt_req300_rate10_phi.jsonl"
@@ -45,7 +44,7 @@ SETUPS = (
 
 
 def lss_a6000_dir() -> Path:
-    return data_dir() / "lss_ispass26_a6000"
+    return data_path("lss_ispass26_a6000")
 
 
 def import_lss_a6000(

@@ -1,7 +1,7 @@
 """Per-iteration times composed from real GPU profiles (paper 000 §5.1 Eq. 1-2 inputs).
 
-Per-iteration times are composed from real operator timings in `../shared/data/profiles/`
-(override the data directory with PDLAB_DATA_DIR), only at measured points:
+Per-iteration times are composed from real operator timings (`profiles/` of the real data:
+the copy bundled with pdlab, or a full copy, cluster.data), only at measured points:
 
     prefill = layers * (sum_i attention(t_uc_i, t_c_i) + linear(sum_i t_uc_i)) + per-iteration ops
     decode  = layers * (attention_decode(B, kv) + linear(B)) + per-iteration ops
@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from cluster import data
 from models.work import attn_pairs
 
 DATA_ENV = "PDLAB_DATA_DIR"
@@ -39,10 +40,9 @@ _NS = 1e-9
 
 
 def data_dir() -> Path:
-    """`$PDLAB_DATA_DIR`, else `<project root>/../shared/data`, else the bundled trimmed copy."""
-    from cluster.workloads.traces import data_dir as shared_data_dir
-
-    return shared_data_dir()
+    """`$PDLAB_DATA_DIR`, else `<project root>/../shared/data`, else the copy bundled with
+    pdlab (cluster.data)."""
+    return data.data_dir()
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -65,9 +65,11 @@ class HardwareProfile:
 
 
 def _read(path: Path, columns: Sequence[str], floats: Sequence[str] = ()) -> pl.DataFrame:
+    if not path.is_file() and path.with_name(path.name + ".gz").is_file():
+        path = path.with_name(path.name + ".gz")  # the bundled copy (polars reads gzip)
     if not path.is_file():
         raise FileNotFoundError(
-            f"profile file {path} is missing; set {DATA_ENV} to the shared data directory"
+            f"profile file {path} is missing; set {DATA_ENV} to a full copy of the data"
         )
     return pl.read_csv(
         path, columns=list(columns), schema_overrides=dict.fromkeys(floats, pl.Float64)
@@ -202,12 +204,13 @@ def _load_h100(root: Path) -> HardwareProfile:
 
 
 PROFILES: dict[str, Callable[[Path], HardwareProfile]] = {"a100": _load_a100, "h100": _load_h100}
+PROFILE_DIRS = {"a100": "profiles/vidur", "h100": "profiles/llmservingsim_h100"}  # under a root
 
 
 def load_profile(name: str, root: Path | None = None) -> HardwareProfile:
     if name not in PROFILES:
         raise KeyError(f"unknown hardware profile {name!r}; profiles: {', '.join(PROFILES)}")
-    return PROFILES[name](root or data_dir())
+    return PROFILES[name](root or data.data_root(PROFILE_DIRS[name]))
 
 
 def _lookup(table: pl.DataFrame, col: str, tokens: np.ndarray) -> np.ndarray:

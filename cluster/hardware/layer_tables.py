@@ -43,14 +43,18 @@ rest divided by t, attention above its launch floor divided by t).
 from __future__ import annotations
 
 import csv
-import gzip
 from pathlib import Path
-from typing import IO
 
 import numpy as np
 
 from cluster.hardware.model_shape import ModelShape
-from cluster.hardware.operator_tables import OperatorTables, ProfileError, Table1D
+from cluster.hardware.operator_tables import (
+    OperatorTables,
+    ProfileError,
+    Table1D,
+    has_file,
+    open_csv,
+)
 
 NS = 1e-9
 MS = 1e-3
@@ -71,18 +75,6 @@ EXPERT_OPS = ("expert.w1", "expert.w2", "expert.w3")
 NOT_DENSE = frozenset({"attn", *PER_ITERATION, *PER_SEQUENCE})
 # Token counts of the MoE block's grid: every count to 64, then every 16th (linear between).
 _MOE_TOKENS = np.unique(np.concatenate([np.arange(1, 65), np.arange(64, 1 << 20, 16)]))
-
-
-def has_file(path: Path) -> bool:
-    """The file, or its gzip-compressed copy `<name>.gz`, exists."""
-    return path.is_file() or path.with_name(path.name + ".gz").is_file()
-
-
-def open_csv(path: Path) -> IO[str]:
-    """Open a CSV, or its `<name>.gz` copy (FileNotFoundError when neither exists)."""
-    if not path.is_file() and path.with_name(path.name + ".gz").is_file():
-        return gzip.open(path.with_name(path.name + ".gz"), "rt", newline="")
-    return path.open(newline="")
 
 
 def is_layers_layout(directory: str | Path) -> bool:

@@ -35,10 +35,11 @@ Malformed files raise ProfileError naming the file, line and field.
 from __future__ import annotations
 
 import csv
+import gzip
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -62,10 +63,24 @@ class ProfileError(ConfigError):
     """A profile file is missing or malformed (the message names file, line and field)."""
 
 
+def has_file(path: Path) -> bool:
+    """The file, or its gzip-compressed copy `<name>.gz`, exists."""
+    return path.is_file() or path.with_name(path.name + ".gz").is_file()
+
+
+def open_csv(path: Path) -> IO[str]:
+    """Open a CSV, or its `<name>.gz` copy (FileNotFoundError when neither exists)."""
+    if not path.is_file() and path.with_name(path.name + ".gz").is_file():
+        return gzip.open(path.with_name(path.name + ".gz"), "rt", newline="")
+    return path.open(newline="")
+
+
 def _rows(path: Path, header: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
     """The CSV's rows with their line numbers, read bounded (cluster.input_files)."""
     try:
-        reader = csv.DictReader(iter_lines(path, what="profile CSV"))
+        gz = path.with_name(path.name + ".gz")
+        src = gz if not path.is_file() and gz.is_file() else path  # the bundled data's .gz
+        reader = csv.DictReader(iter_lines(src, decompress=True, what="profile CSV"))
         got = tuple(reader.fieldnames or ())
         missing = [c for c in header if c not in got]
         if missing:

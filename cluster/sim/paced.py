@@ -9,7 +9,11 @@ holds the control plane's lock for about `max_step_wall_s` of wall time, or one 
 event takes longer (it advances in sub-steps and stops when that time has passed, never by
 more than `speed x max_step_wall_s`, and after the sub-step in which another thread began to
 wait for the lock), so REST calls wait little even when the simulator
-falls behind the clock (`lag_s`, simulated seconds) at a speed it cannot keep. Completed
+falls behind the clock (`lag_s`, simulated seconds) at a speed it cannot keep. With an
+adaptive pace (`max_lag_wall_s` > 0, `pdlab lab`'s default) the clock never runs more than
+that many wall seconds ahead of the simulator: a simulator slower than `speed` slows the
+clock to its own pace (`speed_kept`, over the last 10 wall seconds), so the lag stays bounded
+on any machine and the run covers what the machine can simulate. Completed
 requests reach the server's rolling latency through the request listener, in completion
 order per step. The run ends at `duration_s`, or earlier when a trace replayed at its
 arrival times has finished every request (`Simulator.trace_finished`). Only the
@@ -26,6 +30,8 @@ import logging
 import math
 import threading
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +45,7 @@ from cluster.sim.runner import config_dict, register_nodes
 from cluster.sim.simulator import Simulator
 
 log = logging.getLogger(__name__)
+KEPT_WINDOW_S = 10.0  # wall seconds over which `speed_kept` is measured
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,10 +56,16 @@ class PaceConfig:
     tick_s: float = 0.05  # wall time between pacing steps
     max_step_wall_s: float = 0.25  # wall time one pacing step may hold the lock (about)
     planner_mode: str = "advise"  # the control plane's planner mode when the run starts
+    # Adaptive pace: the clock the simulator chases runs at most this many wall seconds
+    # (x speed simulated seconds) ahead of it, so a simulator slower than `speed` slows the
+    # clock instead of falling ever further behind. 0: fixed pace (the lag may grow).
+    max_lag_wall_s: float = 0.0
 
     def validate(self) -> None:
         if not (math.isfinite(self.speed) and 0 < self.speed <= 100_000):
             raise ConfigError(f"--speed must be in (0, 100000] sim-s per wall-s, got {self.speed}")
+        if not (math.isfinite(self.max_lag_wall_s) and self.max_lag_wall_s >= 0):
+            raise ConfigError(f"--max-lag must be >= 0 wall seconds, got {self.max_lag_wall_s}")
         if min(self.tick_s, self.max_step_wall_s) <= 0:
             raise ConfigError("tick_s and max_step_wall_s must be > 0")
         if self.planner_mode not in PLANNER_MODES:
@@ -72,8 +85,12 @@ class PacedSimulation:
         db_path: str | Path | None = None,
         pace: PaceConfig | None = None,
         run_id: str | None = None,
+        say: Callable[[str], None] | None = None,
     ) -> None:
+        """`say` gets a line before and after the run is consolidated at `stop()` (the CLI
+        prints them: on a long run that takes a while)."""
         sim_config.validate()
+        self._say = say
         self.pace = pace or PaceConfig()
         self.pace.validate()
         self.sim_config = sim_config
@@ -95,6 +112,8 @@ class PacedSimulation:
         self._summary: dict[str, Any] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # (wall, simulated time) after each pacing step over the last KEPT_WINDOW_S
+        self._kept: deque[tuple[float, float]] = deque()
 
     # ---- lifecycle -----------------------------------------------------------------------
     @property
@@ -172,12 +191,25 @@ class PacedSimulation:
                 summary = {"sim_seconds": sim.now, "summary_error": f"{type(exc).__name__}: {exc}"}
             finally:
                 if self._writer is not None:
-                    self._writer.close()
+                    self._close_writer(self._writer)
             summary["run_id"] = self._run_id
             if self._error is not None:
                 summary["error"] = self._error
             self._summary = summary
         return self._summary
+
+    def _close_writer(self, writer: Any) -> None:
+        """Consolidate the run into the database, saying what and how long it took."""
+        say = self._say or (lambda _line: None)
+        rows = sum(writer.rows_written.values()) + writer.buffered_rows()
+        seg_mb = sum(f.stat().st_size for f in writer.live_dir.rglob("*.parquet")) / 1e6
+        say(
+            f"consolidating run {writer.run_id}: {rows:,} rows ({seg_mb:.0f} MB of live "
+            f"segments) into {writer.db_path} ..."
+        )
+        t0 = time.monotonic()
+        writer.close()
+        say(f"consolidated run {writer.run_id} in {time.monotonic() - t0:.1f} s")
 
     def _flush_storable(self, sim: Simulator) -> None:
         """Flush the simulator's buffers; after a failure, one table at a time, dropping
@@ -196,16 +228,24 @@ class PacedSimulation:
         sim = self.sim
         assert sim is not None
         pace = self.pace
-        wall0, sim0 = time.monotonic(), sim.now
+        wall, clock = time.monotonic(), sim.now  # the simulated clock the simulator chases
         max_step = pace.speed * pace.max_step_wall_s  # simulated seconds
+        max_lag = pace.speed * pace.max_lag_wall_s if pace.max_lag_wall_s > 0 else math.inf
         try:
             while not self._stop.wait(pace.tick_s):
                 with sim.cp.lock:
-                    target = sim0 + pace.speed * (time.monotonic() - wall0)
+                    now_wall = time.monotonic()
+                    clock += pace.speed * (now_wall - wall)
+                    wall = now_wall
+                    clock = min(clock, sim.now + max_lag)  # adaptive: never further ahead
                     if self.ended() is None:
-                        self._advance(sim, min(target, sim.now + max_step))
+                        self._advance(sim, min(clock, sim.now + max_step))
                     end = sim.now if sim.trace_finished else self.sim_config.duration_s
-                    self.lag_s = max(0.0, min(target, end) - sim.now)
+                    self.lag_s = max(0.0, min(clock, end) - sim.now)
+                    kept = self._kept
+                    kept.append((time.monotonic(), sim.now))
+                    while len(kept) > 2 and kept[-1][0] - kept[0][0] > KEPT_WINDOW_S:
+                        kept.popleft()
                     self._report_completed(sim)
         except Exception as exc:  # the server stops the run when it sees `error`
             log.exception("live simulation failed")
@@ -283,11 +323,23 @@ class PacedSimulation:
     def split_timeline(self) -> list[tuple[float, int, int]]:
         return [] if self.sim is None else self.sim.split_timeline
 
+    def speed_kept(self) -> float | None:
+        """Simulated seconds per wall second over the last KEPT_WINDOW_S (None before two
+        pacing steps): `speed` when the simulator keeps pace, less when it cannot (with an
+        adaptive pace the clock then slows to it)."""
+        kept = self._kept
+        if len(kept) < 2 or kept[-1][0] <= kept[0][0]:
+            return None
+        return (kept[-1][1] - kept[0][1]) / (kept[-1][0] - kept[0][0])
+
     def health_details(self) -> dict[str, Any]:
+        kept = self.speed_kept()
         return {
             "duration_s": self.sim_config.duration_s,
             "speed": self.pace.speed,
             "lag_s": self.lag_s,
+            "pace": "adaptive" if self.pace.max_lag_wall_s > 0 else "fixed",
+            "speed_kept": None if kept is None else round(kept, 3),
         }
 
     def cluster_details(self) -> dict[str, Any]:

@@ -75,8 +75,9 @@ def make_workload(
     """A workload source by name ("putnam", "cc", "osworld", "shift") or trace file path.
 
     Unknown names and bad parameters raise ConfigError saying what is allowed. A path is
-    resolved against the working directory, then $PDLAB_DATA_DIR (default
-    <project root>/../shared/data) and its traces/ folder; its format is sniffed.
+    resolved against the working directory, then the real data (a full copy in
+    $PDLAB_DATA_DIR or <project root>/../shared/data, then the copy bundled with pdlab,
+    cluster.data) and its traces/ folder; its format is sniffed.
     """
     if duration_s is not None and not duration_s > 0:
         raise ConfigError(f"duration_s must be > 0, got {duration_s}")

@@ -46,6 +46,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from cluster import data
 from cluster.core import ConfigError
 from cluster.input_files import check_input_file, iter_lines
 from cluster.workloads import trace_fields as fields
@@ -74,23 +75,20 @@ def project_root() -> Path:
 
 
 def data_dir() -> Path:
-    """Real data: $PDLAB_DATA_DIR, else <project root>/../shared/data, else the trimmed
-    copies bundled in tests/fixtures (a clean clone without the shared directory)."""
-    env = os.environ.get("PDLAB_DATA_DIR")
-    if env:
-        return Path(env)
-    shared = project_root().parent / "shared" / "data"
-    bundled = project_root() / "tests" / "fixtures"
-    return shared if shared.is_dir() or not bundled.is_dir() else bundled
+    """Real data: the first full copy ($PDLAB_DATA_DIR, else <project root>/../shared/data),
+    else the copy bundled with pdlab (cluster.data)."""
+    return data.data_dir()
 
 
 def resolve_trace_path(spec: str | os.PathLike[str]) -> Path:
-    """The spec as a path (relative to the working directory), else under the data dir;
-    a gzip-compressed copy (`<name>.gz`) stands in for a missing plain file."""
+    """The spec as a path (relative to the working directory), else under a data root (a
+    full copy, then the bundled one; `traces/` added or not); a gzip-compressed copy
+    (`<name>.gz`) stands in for a missing plain file."""
     path = Path(spec).expanduser()
     tried = [path]
     if not path.is_absolute():
-        tried += [data_dir() / path, data_dir() / "traces" / path]
+        for root in [*data.full_roots(), data.BUNDLED]:
+            tried += [root / path, root / "traces" / path]
     tried += [c.with_name(c.name + ".gz") for c in tried if c.suffix != ".gz"]
     for candidate in tried:
         if candidate.is_file():

@@ -26,7 +26,9 @@ from fuzz_cli import RSS_CAP_MB, cli, one_line_error, run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures/real_runs/rtx4090_llama31_8b_vllm"
+from cluster.data import BUNDLED
+
+FIXTURE = BUNDLED / "real_runs/rtx4090_llama31_8b_vllm"
 SETTINGS = settings(
     max_examples=20,
     deadline=None,

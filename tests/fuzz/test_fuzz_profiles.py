@@ -24,12 +24,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cluster.core import ConfigError
+from cluster.data import BUNDLED
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_tables import OperatorTables, ProfileError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-PROFILE = FIXTURES / "profiles/llmservingsim_rtx4090_llama31_8b"
-LLAMA = FIXTURES / "models/meta-llama/Llama-3.1-8B.json"
+PROFILE = BUNDLED / "profiles/llmservingsim_rtx4090_llama31_8b"
+LLAMA = BUNDLED / "models/meta-llama/Llama-3.1-8B.json"
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
 junk = st.one_of(
     st.none(),

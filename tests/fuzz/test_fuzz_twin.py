@@ -21,14 +21,15 @@ from hypothesis import strategies as st
 
 from cluster import size_limits as limits
 from cluster.core import ConfigError
+from cluster.data import BUNDLED
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_profile import build_profile
 from toolkit.importers import read_vllm_bench, write_runs
 from toolkit.twin_whatif import PD_KEYS, WHAT_IF_KEYS, WHAT_IF_LIMITS, parse_changes
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-RUN = FIXTURES / "real_runs/rtx4090_llama31_8b_vllm"
-LLAMA = FIXTURES / "models/meta-llama/Llama-3.1-8B.json"
+RUN = BUNDLED / "real_runs/rtx4090_llama31_8b_vllm"
+LLAMA = BUNDLED / "models/meta-llama/Llama-3.1-8B.json"
 numbers = st.one_of(
     st.sampled_from(["nan", "inf", "-inf", "-1", "0", "1e300", "1e6", "1000000", "abc", ""]),
     st.floats(allow_nan=True, allow_infinity=True).map(repr),
@@ -41,7 +42,7 @@ def twin_inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     d = tmp_path_factory.mktemp("twin")
     profile = d / "rtx4090.json"
     fitted = build_profile(
-        FIXTURES / "profiles/llmservingsim_rtx4090_llama31_8b", ModelShape.load(LLAMA)
+        BUNDLED / "profiles/llmservingsim_rtx4090_llama31_8b", ModelShape.load(LLAMA)
     )
     profile.write_text(json.dumps(fitted.to_json(), allow_nan=False))
     db = d / "run.duckdb"

@@ -3,8 +3,9 @@
 The tests set PDLAB_QUICK=1 (each notebook's `run_size` then picks its quick configuration).
 01, 02, 03, 05, 06 and 07 own their data: each writes `.data/<notebook>.duckdb` next to itself (02 also
 copies the bundled torch-cluster run to `.data/02_torch_sample.duckdb`) and
-never touches the live server's database, even when `PDLAB_DB` and `PDLAB_URL` are set as
-`pdlab lab` sets them (checked here with a database holding another run). 04 starts its own
+never writes the live server's database, even when `PDLAB_DB` and `PDLAB_URL` are set as
+`pdlab lab` sets them (checked here with a database holding another run). 01 and 02 read the
+main job's run when `PDLAB_DB` or `../pdlab.duckdb` holds one, and simulate their own when not. 04 starts its own
 `pdlab serve` (no PDLAB_URL), switches a node and reads the run while the server writes it.
 Each runs in a temporary copy of notebooks/, so nothing lands in the repo. Also checked:
 committed notebooks carry no outputs and no absolute paths, and the data and size of each
@@ -22,7 +23,9 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from telemetry import open_reader
+from cluster.sim.runner import simulate
+from cluster.sim.simulator import SimConfig
+from telemetry import TABLES, open_reader
 from toolkit.synth import synth_logs
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
@@ -117,10 +120,41 @@ def test_01_quickstart(
 ) -> None:
     out = execute("01_quickstart.ipynb", tmp_path, monkeypatch, **lab_env)
     untouched(lab_env)
+    assert "data: no main job's run (no finished run in ../pdlab.duckdb): simulating" in (
+        "\n".join(out)
+    )
     runs = open_reader(own_db(tmp_path, "01_quickstart.ipynb")).runs()
     assert runs.height == 1 and runs["run_id"][0] in "\n".join(out)
     assert any("run_id" in t and "kv_hit_rate" in t for t in out)
     assert sum("application/vnd.plotly.v1+json" in t for t in out) == 6
+
+
+@pytest.mark.slow
+def test_01_and_02_read_the_main_job_s_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The main job's database (`../pdlab.duckdb` from notebooks/, or `pdlab lab --db` as
+    PDLAB_DB) holds a finished simulated run: 01 and 02 read it and write nothing there."""
+    workdir, db = tmp_path / "notebooks", tmp_path / "pdlab.duckdb"
+    workdir.mkdir()
+    quick = SimConfig(workload="cc", nodes=4, split="2P2D", agents=16, duration_s=400,
+                      warmup_s=150, window_s=120, slices=6)  # fmt: skip
+    run = simulate(quick, db)["run_id"]
+    synth_logs(db, nodes=1, prefill_iters=50, decode_iters=50, run_id="later-synth")
+    before = table_rows(db)
+    out = execute("01_quickstart.ipynb", workdir, monkeypatch)  # finds ../pdlab.duckdb
+    text = "\n".join(out)
+    assert f"data: the main job's run {run} of ../pdlab.duckdb" in text
+    assert "kv_hit_rate" in text and text.count("application/vnd.plotly.v1+json") == 6
+    assert not own_db(workdir, "01_quickstart.ipynb").exists()
+    out = execute("02_fitting_node_coefficients.ipynb", workdir, monkeypatch, PDLAB_DB=str(db))
+    text = "\n".join(out)
+    assert f"data: part 2 fits the main job's run {run} of {db}" in text
+    assert f"fitting run {run} of {db}" in text
+    assert table_rows(db) == before  # only read
+
+
+def table_rows(db: Path) -> dict[str, int]:
+    with open_reader(db).connect() as con:
+        return {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in TABLES}
 
 
 def test_02_fitting(
@@ -129,6 +163,7 @@ def test_02_fitting(
     out = execute("02_fitting_node_coefficients.ipynb", tmp_path, monkeypatch, **lab_env)
     untouched(lab_env)
     text = "\n".join(out)
+    assert "(no finished run in ../pdlab.duckdb)" in text
     assert "== a100: prefill" in text and "== h100: decode" in text
     db = own_db(tmp_path, "02_fitting_node_coefficients.ipynb")
     runs = open_reader(db).runs()  # the synthetic run and the simulated one

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from cluster.core import ConfigError
+from cluster.data import BUNDLED
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_profile import build_profile
 from toolkit.engine_inputs import engine_settings, load_engine_inputs
 from toolkit.importers import read_vllm_bench, write_runs
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-LLAMA = FIXTURES / "models/meta-llama/Llama-3.1-8B.json"
+LLAMA = BUNDLED / "models/meta-llama/Llama-3.1-8B.json"
 
 
 @pytest.fixture(scope="module")
@@ -25,15 +25,13 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         db,
         [
             read_vllm_bench(
-                FIXTURES / "real_runs/rtx4090_llama31_8b_vllm", run_id="llama", model_config=LLAMA
+                BUNDLED / "real_runs/rtx4090_llama31_8b_vllm", run_id="llama", model_config=LLAMA
             ),
-            read_vllm_bench(FIXTURES / "real_runs/rtxpro6000_qwen3_32b_vllm", run_id="qwen"),
+            read_vllm_bench(BUNDLED / "real_runs/rtxpro6000_qwen3_32b_vllm", run_id="qwen"),
         ],
     )
     prof = tmp / "p.json"
-    p = build_profile(
-        FIXTURES / "profiles/llmservingsim_rtx4090_llama31_8b", ModelShape.load(LLAMA)
-    )
+    p = build_profile(BUNDLED / "profiles/llmservingsim_rtx4090_llama31_8b", ModelShape.load(LLAMA))
     prof.write_text(json.dumps(p.to_json()))
     return db, prof
 
@@ -59,8 +57,8 @@ def test_profile_and_run_must_agree(setup: tuple[Path, Path], tmp_path: Path) ->
     with pytest.raises(ConfigError, match=r"run served Qwen/Qwen3-32B, profile is for Llama"):
         load_engine_inputs(db, "qwen", prof)
     qwen = tmp_path / "qwen_tp1.json"
-    shape = ModelShape.load(FIXTURES / "models/Qwen/Qwen3-32B.json")
-    p = build_profile(FIXTURES / "profiles/llmservingsim_rtxpro6000_qwen3_32b", shape)
+    shape = ModelShape.load(BUNDLED / "models/Qwen/Qwen3-32B.json")
+    p = build_profile(BUNDLED / "profiles/llmservingsim_rtxpro6000_qwen3_32b", shape)
     qwen.write_text(json.dumps(p.to_json()))
     with pytest.raises(
         ConfigError, match=r"prices TP 1; run 'qwen' ran TP 2 \(import the profile with --tp 2\)"
@@ -78,9 +76,9 @@ def test_collectives_use_the_recorded_link_unless_flags_say_otherwise(
     setup: tuple[Path, Path], tmp_path: Path
 ) -> None:
     db, _ = setup
-    qwen = FIXTURES / "models/Qwen/Qwen3-32B.json"
+    qwen = BUNDLED / "models/Qwen/Qwen3-32B.json"
     p = build_profile(
-        FIXTURES / "profiles/llmservingsim_rtxpro6000_qwen3_32b/tp2",
+        BUNDLED / "profiles/llmservingsim_rtxpro6000_qwen3_32b/tp2",
         ModelShape.load(qwen),
         tp=2,
         profiled_tp=2,

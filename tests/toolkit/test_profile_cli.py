@@ -7,14 +7,14 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
+from cluster.data import BUNDLED
 from cluster.hardware.profiles import load_profile
 from toolkit.cli import app
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-P4090 = FIXTURES / "profiles/llmservingsim_rtx4090_llama31_8b"
-P32 = FIXTURES / "profiles/llmservingsim_rtxpro6000_qwen3_32b"
-LLAMA = FIXTURES / "models/meta-llama/Llama-3.1-8B.json"
-QWEN32 = FIXTURES / "models/Qwen/Qwen3-32B.json"
+P4090 = BUNDLED / "profiles/llmservingsim_rtx4090_llama31_8b"
+P32 = BUNDLED / "profiles/llmservingsim_rtxpro6000_qwen3_32b"
+LLAMA = BUNDLED / "models/meta-llama/Llama-3.1-8B.json"
+QWEN32 = BUNDLED / "models/Qwen/Qwen3-32B.json"
 runner = CliRunner()
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import duckdb
 from typer.testing import CliRunner
 
+from cluster.data import BUNDLED
 from telemetry import TelemetryWriter
 from telemetry.schema import FINALIZED_TABLE, RUN_STATUS_TABLE, TABLES, Column
 from toolkit.cli import app
@@ -96,7 +97,7 @@ def test_rm_removes_every_tables_rows_of_that_run_and_nothing_else(tmp_path: Pat
 
 def test_import_replace_swaps_a_run_in_one_transaction(tmp_path: Path) -> None:
     db = tmp_path / "r.duckdb"
-    src = str(FIXTURES / "real_runs/rtx4090_llama31_8b_vllm")
+    src = str(BUNDLED / "real_runs/rtx4090_llama31_8b_vllm")
     first = runner.invoke(app, ["import", "vllm-bench", src, "--db", str(db), "--json"])
     assert first.exit_code == 0, first.output
     _write_run(db, "other", 1)

@@ -5,12 +5,13 @@ and what to run next."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import re
 
 import duckdb
 import pytest
 from typer.testing import CliRunner
 
+from cluster.data import BUNDLED
 from toolkit.cli import app
 
 TINY = [
@@ -51,7 +52,9 @@ def test_the_main_job_says_where_its_db_went_and_what_to_run_next(tmp_path, monk
     assert f"telemetry of run {run_id} in {tmp_path / 'pdlab.duckdb'}" in tail
     assert f"pdlab report pdlab.duckdb --run {run_id} -o report.html" in tail
     assert f"pdlab fit pdlab.duckdb --run {run_id}" in tail
-    assert "pdlab lab" in tail
+    assert re.search(
+        r"pdlab lab --db pdlab.duckdb +# JupyterLab: notebooks 01/02 open this run", tail
+    )
     res = CliRunner().invoke(app, [*TINY, "--duration", "60"])
     assert res.exit_code == 0 and "telemetry not stored: add --db FILE" in res.stdout
 
@@ -92,10 +95,9 @@ def test_prefill_forms_flag_prices_routing_with_the_fitted_form(tmp_path):
     from cluster.hardware.model_shape import ModelShape
     from cluster.hardware.operator_profile import build_profile
 
-    fixtures = Path(__file__).resolve().parents[1] / "fixtures"
     prof = build_profile(
-        fixtures / "profiles/llmservingsim_rtx4090_llama31_8b",
-        ModelShape.load(fixtures / "models/meta-llama/Llama-3.1-8B.json"),
+        BUNDLED / "profiles/llmservingsim_rtx4090_llama31_8b",
+        ModelShape.load(BUNDLED / "models/meta-llama/Llama-3.1-8B.json"),
     )
     assert prof.fits["prefill"].best.form != "paper"
     path = tmp_path / "llama.json"

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from cluster.data import BUNDLED
 from cluster.hardware.engine import EngineSettings
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_profile import build_profile
@@ -19,16 +20,13 @@ from toolkit.importers import BenchRun, read_vllm_bench, write_runs
 from toolkit.queries.serving import serving_metrics
 from toolkit.twin import run_twin
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-LLAMA = FIXTURES / "models/meta-llama/Llama-3.1-8B.json"
+LLAMA = BUNDLED / "models/meta-llama/Llama-3.1-8B.json"
 runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
 def profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    p = build_profile(
-        FIXTURES / "profiles/llmservingsim_rtx4090_llama31_8b", ModelShape.load(LLAMA)
-    )
+    p = build_profile(BUNDLED / "profiles/llmservingsim_rtx4090_llama31_8b", ModelShape.load(LLAMA))
     out = tmp_path_factory.mktemp("prof") / "rtx4090.json"
     out.write_text(json.dumps(p.to_json()))
     return out
@@ -94,8 +92,8 @@ def real_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_runs(
         db,
         [
-            read_vllm_bench(FIXTURES / "real_runs/rtx4090_llama31_8b_vllm", run_id="llama"),
-            read_vllm_bench(FIXTURES / "real_runs/rtxpro6000_qwen3_32b_vllm", run_id="qwen"),
+            read_vllm_bench(BUNDLED / "real_runs/rtx4090_llama31_8b_vllm", run_id="llama"),
+            read_vllm_bench(BUNDLED / "real_runs/rtxpro6000_qwen3_32b_vllm", run_id="qwen"),
         ],
     )
     return db
@@ -129,10 +127,10 @@ def test_cli_replays_a_real_vllm_run_within_five_percent(real_db: Path, profile:
 
 def test_cli_errors_are_clear(real_db: Path, profile: Path, tmp_path: Path) -> None:
     qwen = tmp_path / "qwen_tp1.json"
-    shape = ModelShape.load(FIXTURES / "models/Qwen/Qwen3-32B.json")
+    shape = ModelShape.load(BUNDLED / "models/Qwen/Qwen3-32B.json")
     qwen.write_text(
         json.dumps(
-            build_profile(FIXTURES / "profiles/llmservingsim_rtxpro6000_qwen3_32b", shape).to_json()
+            build_profile(BUNDLED / "profiles/llmservingsim_rtxpro6000_qwen3_32b", shape).to_json()
         )
     )
     tp = runner.invoke(app, ["twin", str(real_db), "--run", "qwen", "--profile", str(qwen)])
@@ -235,9 +233,9 @@ def test_twin_figures_and_report(profile: Path, tmp_path: Path) -> None:
 
 
 def test_an_moe_run_with_dp_and_ep_replays_on_ranks_in_step(tmp_path: Path) -> None:
-    shape = ModelShape.load(FIXTURES / "models/Qwen/Qwen3-30B-A3B-Instruct-2507.json")
+    shape = ModelShape.load(BUNDLED / "models/Qwen/Qwen3-30B-A3B-Instruct-2507.json")
     prof = tmp_path / "moe.json"
-    p = build_profile(FIXTURES / "profiles/llmservingsim_rtxpro6000_qwen3_30b_a3b", shape)
+    p = build_profile(BUNDLED / "profiles/llmservingsim_rtxpro6000_qwen3_30b_a3b", shape)
     prof.write_text(json.dumps(p.to_json()))
     engine = EngineSettings(
         engine="vllm", max_num_seqs=16, max_num_batched_tokens=1024, data_parallel_size=2,

@@ -21,6 +21,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cluster.core import ConfigError
+from cluster.data import BUNDLED
 from cluster.hardware.engine import EngineSettings
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_profile import build_profile
@@ -31,8 +32,7 @@ from toolkit.importers import BenchRun, read_vllm_bench, write_runs
 from toolkit.twin import TwinResult, replay_inputs, run_twin, sim_timings
 from toolkit.twin_parameters import with_parameters
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-MOE = FIXTURES / "models/Qwen/Qwen3-30B-A3B-Instruct-2507.json"
+MOE = BUNDLED / "models/Qwen/Qwen3-30B-A3B-Instruct-2507.json"
 runner = CliRunner()
 
 
@@ -40,7 +40,7 @@ runner = CliRunner()
 def moe(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     tmp = tmp_path_factory.mktemp("moe")
     run = tmp / "run"
-    shutil.copytree(FIXTURES / "real_runs/rtxpro6000_qwen3_32b_vllm", run)
+    shutil.copytree(BUNDLED / "real_runs/rtxpro6000_qwen3_32b_vllm", run)
     meta = json.loads((run / "meta.json").read_text())
     meta["model"] = "Qwen/Qwen3-30B-A3B-Instruct-2507"
     meta["engine_kwargs"].update(
@@ -55,7 +55,7 @@ def moe(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     write_runs(db, [read_vllm_bench(run, run_id="moe", model_config=MOE)])
     prof = tmp / "moe.json"
     p = build_profile(
-        FIXTURES / "profiles/llmservingsim_rtxpro6000_qwen3_30b_a3b", ModelShape.load(MOE)
+        BUNDLED / "profiles/llmservingsim_rtxpro6000_qwen3_30b_a3b", ModelShape.load(MOE)
     )
     prof.write_text(json.dumps(p.to_json()))
     return db, prof

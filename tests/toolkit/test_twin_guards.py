@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from cluster.data import BUNDLED
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_profile import build_profile
 from toolkit.advise import advise
@@ -19,13 +20,13 @@ from toolkit.importers import BenchRun, read_vllm_bench, write_runs
 from toolkit.twin_guards import gpu_check, model_check
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-LLAMA = FIXTURES / "models/meta-llama/Llama-3.1-8B.json"
-QWEN = FIXTURES / "models/Qwen/Qwen3-32B.json"
+LLAMA = BUNDLED / "models/meta-llama/Llama-3.1-8B.json"
+QWEN = BUNDLED / "models/Qwen/Qwen3-32B.json"
 runner = CliRunner()
 
 
 def _profile(path: Path, bundle: str, model: Path, hardware: str) -> Path:
-    p = build_profile(FIXTURES / "profiles" / bundle, ModelShape.load(model), hardware=hardware)
+    p = build_profile(BUNDLED / "profiles" / bundle, ModelShape.load(model), hardware=hardware)
     path.write_text(json.dumps(p.to_json()))
     return path
 
@@ -35,7 +36,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("guards")
     db = tmp / "real.duckdb"
     run = read_vllm_bench(
-        FIXTURES / "real_runs/rtx4090_llama31_8b_vllm", run_id="llama", model_config=LLAMA
+        BUNDLED / "real_runs/rtx4090_llama31_8b_vllm", run_id="llama", model_config=LLAMA
     )
     write_runs(db, [run])
     return {

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cluster.data import BUNDLED
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_profile import build_profile
 from cluster.hardware.operator_tables import OperatorTables
@@ -24,8 +25,8 @@ from toolkit.twin_parameters import CPU_PER_ITERATION_S, CPU_PER_SEQUENCE_S
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SHARED = Path(__file__).resolve().parents[3] / "shared/data"
-LLAMA = FIXTURES / "models/meta-llama/Llama-3.1-8B.json"
-QWEN = FIXTURES / "models/Qwen/Qwen3-32B.json"
+LLAMA = BUNDLED / "models/meta-llama/Llama-3.1-8B.json"
+QWEN = BUNDLED / "models/Qwen/Qwen3-32B.json"
 MEANS = ("ttft_mean_s", "tpot_mean_s", "e2e_mean_s")
 
 
@@ -36,7 +37,7 @@ def _qwen_tp2_bundle(tmp: Path) -> Path:
         return shared
     out = tmp / "tp2"
     out.mkdir()
-    src = FIXTURES / "profiles/llmservingsim_rtxpro6000_qwen3_32b"
+    src = BUNDLED / "profiles/llmservingsim_rtxpro6000_qwen3_32b"
     for name in ("dense.csv", "per_sequence.csv"):
         shutil.copy(src / "tp2" / name, out / name)
     with gzip.open(src / "tp2_attention_full/attention.csv.gz", "rb") as f:
@@ -48,7 +49,7 @@ def _qwen_tp2_bundle(tmp: Path) -> Path:
 def dev(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TwinResult]:
     tmp = tmp_path_factory.mktemp("dev")
     db = tmp / "real.duckdb"
-    runs = FIXTURES / "real_runs"
+    runs = BUNDLED / "real_runs"
     write_runs(
         db,
         [
@@ -60,7 +61,7 @@ def dev(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TwinResult]:
     llama.write_text(
         json.dumps(
             build_profile(
-                FIXTURES / "profiles/llmservingsim_rtx4090_llama31_8b", ModelShape.load(LLAMA)
+                BUNDLED / "profiles/llmservingsim_rtx4090_llama31_8b", ModelShape.load(LLAMA)
             ).to_json()
         )
     )
@@ -152,7 +153,7 @@ def test_the_cpu_range_is_vidurs_measurement() -> None:
 
 
 def test_grid_residuals_and_draws() -> None:
-    tables = OperatorTables.load(FIXTURES / "profiles/llmservingsim_rtx4090_llama31_8b")
+    tables = OperatorTables.load(BUNDLED / "profiles/llmservingsim_rtx4090_llama31_8b")
     res = grid_residuals(tables)
     rms = res.rms()
     # a few percent on every table; the attention axis with the least curvature is used

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from cluster.core import ConfigError
+from cluster.data import BUNDLED
 from cluster.hardware.engine import GIB, EngineSettings
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_profile import build_profile
@@ -26,8 +27,8 @@ from toolkit.twin_parameters import (
 )
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-LLAMA = FIXTURES / "models/meta-llama/Llama-3.1-8B.json"
-A6000 = FIXTURES / "lss_ispass26_a6000"
+LLAMA = BUNDLED / "models/meta-llama/Llama-3.1-8B.json"
+A6000 = BUNDLED / "lss_ispass26_a6000"
 PHI = "microsoft/Phi-mini-MoE-instruct"
 
 
@@ -41,7 +42,7 @@ def test_each_quantity_once_with_its_source_and_range() -> None:
     shape = ModelShape.load(LLAMA)
     par = Parallelism(tp=2, link_gbps=16.0, link_latency_s=20e-6)
     prof = build_profile(
-        FIXTURES / "profiles/llmservingsim_rtx4090_llama31_8b", shape, tp=2, parallel=par
+        BUNDLED / "profiles/llmservingsim_rtx4090_llama31_8b", shape, tp=2, parallel=par
     )
     engine = EngineSettings(tensor_parallel_size=2, gpu_memory_bytes=24 * GIB)
     _, p = _setup(prof.pricer, engine, shape)
@@ -75,7 +76,7 @@ def test_vary_changes_exactly_what_it_names() -> None:
     shape = ModelShape.load(LLAMA)
     par = Parallelism(tp=2, link_gbps=16.0, link_latency_s=20e-6)
     prof = build_profile(
-        FIXTURES / "profiles/llmservingsim_rtx4090_llama31_8b", shape, tp=2, parallel=par
+        BUNDLED / "profiles/llmservingsim_rtx4090_llama31_8b", shape, tp=2, parallel=par
     )
     engine = EngineSettings(tensor_parallel_size=2, gpu_memory_bytes=24 * GIB)
     s, p = _setup(prof.pricer, engine, shape)
@@ -108,8 +109,6 @@ def test_a_composed_moe_block_is_not_known() -> None:
     assert double is not None and s.pricer.tables.moe is not None
     assert np.allclose(double[:, 2], 2 * s.pricer.tables.moe[:, 2])
     # a measured block (moe.csv, the dense layout) is the profile's own measurement
-    moe_shape = ModelShape.load(FIXTURES / "models/Qwen/Qwen3-30B-A3B-Instruct-2507.json")
-    measured = build_profile(
-        FIXTURES / "profiles/llmservingsim_rtxpro6000_qwen3_30b_a3b", moe_shape
-    )
+    moe_shape = ModelShape.load(BUNDLED / "models/Qwen/Qwen3-30B-A3B-Instruct-2507.json")
+    measured = build_profile(BUNDLED / "profiles/llmservingsim_rtxpro6000_qwen3_30b_a3b", moe_shape)
     assert not moe_composed(measured.tables)

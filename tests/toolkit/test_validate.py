@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from cluster.data import BUNDLED
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_profile import build_profile
 from toolkit.cli import app
@@ -18,8 +19,7 @@ from toolkit.lss_data import import_lss_a6000
 from toolkit.plots import validation_series
 from toolkit.validate import validate_runs
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-A6000 = FIXTURES / "lss_ispass26_a6000"
+A6000 = BUNDLED / "lss_ispass26_a6000"
 runner = CliRunner()
 
 
@@ -29,11 +29,11 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     path = d / "real.duckdb"
     import_lss_a6000(path, A6000, runs=["a6000-fig5-PDD", "a6000-fig7-SD-PC"])
     write_runs(
-        path, [read_vllm_bench(FIXTURES / "real_runs/rtx4090_llama31_8b_vllm", run_id="rtx4090")]
+        path, [read_vllm_bench(BUNDLED / "real_runs/rtx4090_llama31_8b_vllm", run_id="rtx4090")]
     )
     prof = build_profile(
-        FIXTURES / "profiles/llmservingsim_rtx4090_llama31_8b",
-        ModelShape.load(FIXTURES / "models/meta-llama/Llama-3.1-8B.json"),
+        BUNDLED / "profiles/llmservingsim_rtx4090_llama31_8b",
+        ModelShape.load(BUNDLED / "models/meta-llama/Llama-3.1-8B.json"),
     )
     p = d / "rtx4090.profile.json"
     p.write_text(json.dumps(prof.to_json()))

@@ -5,14 +5,13 @@ kernel paths: SD+PC tick MAPE 26.4%, SM span -28.4% and tick MAPE 61.9%."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
+from cluster.data import BUNDLED
 from toolkit.lss_data import import_lss_a6000
 from toolkit.validate import validate_runs
 
-A6000 = Path(__file__).resolve().parents[1] / "fixtures" / "lss_ispass26_a6000"
+A6000 = BUNDLED / "lss_ispass26_a6000"
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from cluster.data import BUNDLED
 from toolkit.lss_data import import_lss_a6000
 from toolkit.twin_lss import (
     instance_parameters,
@@ -20,7 +21,7 @@ from toolkit.twin_lss import (
 from toolkit.twin_parameters import vary
 from toolkit.validate import validate_runs
 
-A6000 = Path(__file__).resolve().parents[1] / "fixtures/lss_ispass26_a6000"
+A6000 = BUNDLED / "lss_ispass26_a6000"
 
 
 @pytest.fixture(scope="module")

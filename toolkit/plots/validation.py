@@ -37,7 +37,9 @@ def validation_series(table: object, run: str) -> go.Figure:
 def _panels(frame: pl.DataFrame) -> list[tuple[str, int | None]]:
     keys = frame.select("metric", "node_id").unique().to_dicts()
     order = {m: i for i, m in enumerate(LABELS)}
-    keys.sort(key=lambda k: (order.get(k["metric"], 99), -1 if k["node_id"] is None else k["node_id"]))
+    keys.sort(
+        key=lambda k: (order.get(k["metric"], 99), -1 if k["node_id"] is None else k["node_id"])
+    )
     return [(k["metric"], k["node_id"]) for k in keys]
 
 
@@ -77,6 +79,14 @@ def draw_validation_series(frame: pl.DataFrame, run: str) -> go.Figure:
                 col=1,
             )
             shown.add(src)
-        fig.update_yaxes(title_text=LABELS.get(metric, metric).split(" (")[-1].rstrip(")"), row=row, col=1)
+        fig.update_yaxes(
+            title_text=LABELS.get(metric, metric).split(" (")[-1].rstrip(")"), row=row, col=1
+        )
     fig.update_xaxes(title_text="time since the first arrival (s)", row=len(panels), col=1)
-    return style(fig, TITLE, run, note="solid: real · dashed: twin · dotted: peers", height=260 * len(panels) + 120)
+    return style(
+        fig,
+        TITLE,
+        run,
+        note="solid: real · dashed: twin · dotted: peers",
+        height=260 * len(panels) + 120,
+    )

@@ -21,7 +21,7 @@ SLICE = "tests/fixtures/traces/sweagent_turns_slice.jsonl"
 
 
 def _full_trace() -> str:
-    """The full trace: ../shared/data, else the gzip copy bundled in tests/fixtures."""
+    """The full trace: ../shared/data, else the copy bundled with pdlab."""
     return str(resolve_trace_path(TRACE))
 
 

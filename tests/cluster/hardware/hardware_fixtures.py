@@ -1,13 +1,13 @@
-"""Paths to the bundled copies of real model configs and operator profiles (tests/fixtures)."""
+"""Paths to the real model configs and operator profiles the tests use: the copies bundled
+with pdlab (cluster/data/files, `pdlab data list`)."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from cluster.data import BUNDLED
 
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
-LLAMA = FIXTURES / "models/meta-llama/Llama-3.1-8B.json"
-QWEN32 = FIXTURES / "models/Qwen/Qwen3-32B.json"
-QWEN_MOE = FIXTURES / "models/Qwen/Qwen3-30B-A3B-Instruct-2507.json"
-P4090 = FIXTURES / "profiles/llmservingsim_rtx4090_llama31_8b"
-P32 = FIXTURES / "profiles/llmservingsim_rtxpro6000_qwen3_32b"
-PMOE = FIXTURES / "profiles/llmservingsim_rtxpro6000_qwen3_30b_a3b"
+LLAMA = BUNDLED / "models/meta-llama/Llama-3.1-8B.json"
+QWEN32 = BUNDLED / "models/Qwen/Qwen3-32B.json"
+QWEN_MOE = BUNDLED / "models/Qwen/Qwen3-30B-A3B-Instruct-2507.json"
+P4090 = BUNDLED / "profiles/llmservingsim_rtx4090_llama31_8b"
+P32 = BUNDLED / "profiles/llmservingsim_rtxpro6000_qwen3_32b"
+PMOE = BUNDLED / "profiles/llmservingsim_rtxpro6000_qwen3_30b_a3b"

@@ -4,12 +4,12 @@ config's sliding window it depends on, and the tables' attention kind kept throu
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from hardware_fixtures import LLAMA, QWEN32
 
 from cluster.core import ConfigError
+from cluster.data import BUNDLED
 from cluster.hardware.attention_kernel import (
     decode_kv_reads,
     flash_attention_version,
@@ -19,7 +19,7 @@ from cluster.hardware.layer_tables import load_layer_tables
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_tables import OperatorTables
 
-A6000 = Path(__file__).resolve().parents[2] / "fixtures" / "lss_ispass26_a6000"
+A6000 = BUNDLED / "lss_ispass26_a6000"
 PHI = A6000 / "models" / "microsoft" / "Phi-mini-MoE-instruct.json"
 
 

@@ -14,13 +14,14 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from cluster.data import BUNDLED
 from cluster.hardware.layer_tables import load_layer_tables
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_tables import ProfileError
 from cluster.hardware.pricer import IterationPricer
 from toolkit.cli import app
 
-A6000 = Path(__file__).resolve().parents[2] / "fixtures" / "lss_ispass26_a6000"
+A6000 = BUNDLED / "lss_ispass26_a6000"
 LLAMA = "meta-llama/Llama-3.1-8B"
 PHI = "microsoft/Phi-mini-MoE-instruct"
 runner = CliRunner()

@@ -9,6 +9,7 @@ import pytest
 from hardware_fixtures import LLAMA, P32, P4090, PMOE, QWEN32, QWEN_MOE
 
 from cluster.core import ConfigError
+from cluster.data import BUNDLED
 from cluster.hardware.engine import GIB, EngineSettings
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_profile import OperatorProfile, build_profile
@@ -89,7 +90,7 @@ def test_tp_folders_and_scaling() -> None:
     assert "measured at TP 2" in measured.notes[0] and "scaled to TP 2" in scaled.notes[0]
     assert any("communication assumed" in n for n in measured.notes)
     assert measured.to_json()["kv_bytes_per_token"] == 131_072
-    assert "mixed" not in measured.fits  # the trimmed fixture has no mixed points
+    assert "mixed" in measured.fits  # the full grid has mixed (prefill + decode) points
     a = measured.pricer.decode_time(64, 2048)
     b = scaled.pricer.decode_time(64, 2048)
     assert b == pytest.approx(a, rel=0.08)
@@ -110,15 +111,9 @@ def test_kv_capacity_from_gpu_memory_and_errors(tmp_path: Path) -> None:
         load_profile(str(bad))
 
 
-SHARED = Path(__file__).resolve().parents[3].parent / "shared" / "data"
-BUNDLED = Path(__file__).resolve().parents[2] / "fixtures"
-
-
 def test_every_profile_chooses_forms_that_beat_the_paper() -> None:
-    """The full profiles of the shared data directory, else the trimmed copies bundled in
-    tests/fixtures (a clean clone without it; their attention tables keep pure-prefill and
-    pure-decode rows only for Qwen3-32B, so that profile has no mixed fit there)."""
-    data = SHARED if (SHARED / "profiles").is_dir() else BUNDLED
+    """The full profiles (the copies bundled with pdlab, the same as the shared data's)."""
+    data = BUNDLED
     cases = [
         ("llmservingsim_rtx4090_llama31_8b", "meta-llama/Llama-3.1-8B", 1),
         ("llmservingsim_rtxpro6000_qwen3_32b", "Qwen/Qwen3-32B", 1),
@@ -129,8 +124,7 @@ def test_every_profile_chooses_forms_that_beat_the_paper() -> None:
         p = build_profile(
             data / "profiles" / prof, ModelShape.load(data / f"models/{model}.json"), tp=tp
         )
-        phases = ("prefill", "decode", "mixed") if data == SHARED else ("prefill", "decode")
-        for phase in phases:
+        for phase in ("prefill", "decode", "mixed"):
             f = p.fits[phase]
             assert f.best.mape <= f.paper.mape, (prof, phase)
         if "mixed" in p.fits:

@@ -12,14 +12,14 @@ import pytest
 from typer.testing import CliRunner
 
 from cluster.core import ConfigError, MemorySink
+from cluster.data import BUNDLED
 from cluster.hardware.engine import GIB, EngineSettings
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_profile import build_profile
 from cluster.sim.simulator import SimConfig, Simulator
 from toolkit.cli import app
 
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
-LLAMA = FIXTURES / "models/meta-llama/Llama-3.1-8B.json"
+LLAMA = BUNDLED / "models/meta-llama/Llama-3.1-8B.json"
 N = 24  # requests in the trace
 SMALL = dict(
     nodes=3,
@@ -141,7 +141,7 @@ def test_collocated_decodes_take_their_tokens_from_the_budget(trace):
 def llama_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("prof") / "llama.json"
     prof = build_profile(
-        FIXTURES / "profiles/llmservingsim_rtx4090_llama31_8b", ModelShape.load(LLAMA)
+        BUNDLED / "profiles/llmservingsim_rtx4090_llama31_8b", ModelShape.load(LLAMA)
     )
     path.write_text(json.dumps(prof.to_json()))
     return path

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from cluster.core import MemorySink
+from cluster.data import BUNDLED
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_profile import build_profile
 from cluster.sim.engine_model import ScheduledBatch, iteration_time
@@ -21,8 +22,7 @@ from cluster.sim.engine_model.sequence import EngineRequest
 from cluster.sim.simulator import SimConfig, Simulator
 from cluster.sim.tiered_memory import TieredMemory
 
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
-LLAMA = FIXTURES / "models/meta-llama/Llama-3.1-8B.json"
+LLAMA = BUNDLED / "models/meta-llama/Llama-3.1-8B.json"
 N = 12  # requests: 11 short ones decoding, then a long prompt
 LONG = 6000
 BUDGET = 1024
@@ -60,7 +60,7 @@ def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def llama_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("prof") / "llama.json"
     prof = build_profile(
-        FIXTURES / "profiles/llmservingsim_rtx4090_llama31_8b", ModelShape.load(LLAMA)
+        BUNDLED / "profiles/llmservingsim_rtx4090_llama31_8b", ModelShape.load(LLAMA)
     )
     path.write_text(json.dumps(prof.to_json()))
     return path

@@ -205,7 +205,7 @@ def test_relative_paths_resolve_under_the_data_dir(monkeypatch):
     assert make_workload("azure_code_head200.csv").report.path == str(AZURE)
 
 
-# The full traces: ../shared/data when present, else the gzip copies bundled in fixtures.
+# The full traces: ../shared/data when present, else the copies bundled with pdlab.
 SWEAGENT_FULL = resolve_trace_path("thunderagent_sweagent_glm45fp8_h200_turns.jsonl")
 
 

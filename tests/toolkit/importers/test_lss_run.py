@@ -12,10 +12,11 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
+from cluster.data import BUNDLED
 from telemetry import open_reader
 from toolkit.cli import app
 
-A6000 = Path(__file__).resolve().parents[2] / "fixtures" / "lss_ispass26_a6000"
+A6000 = BUNDLED / "lss_ispass26_a6000"
 PULSE = A6000 / "datasets" / "sharegpt_pulse_req50_n6_delay15_pc.jsonl"
 LLAMA = A6000 / "datasets" / "sharegpt_req300_rate10_llama.jsonl"
 F7 = A6000 / "figure_7"

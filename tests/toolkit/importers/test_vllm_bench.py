@@ -12,14 +12,14 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
+from cluster.data import BUNDLED
 from toolkit.cli import app
 from toolkit.importers import ImportFileError, read_vllm_bench, write_runs
 from toolkit.queries.serving import serving_metrics
 
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
-RUNS = FIXTURES / "real_runs"
-LLAMA = FIXTURES / "models/meta-llama/Llama-3.1-8B.json"
-MOE = FIXTURES / "models/Qwen/Qwen3-30B-A3B-Instruct-2507.json"
+RUNS = BUNDLED / "real_runs"
+LLAMA = BUNDLED / "models/meta-llama/Llama-3.1-8B.json"
+MOE = BUNDLED / "models/Qwen/Qwen3-30B-A3B-Instruct-2507.json"
 runner = CliRunner()
 
 

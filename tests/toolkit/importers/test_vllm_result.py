@@ -2,7 +2,7 @@
 
 No result JSON of a real run with `--save-detailed` is public, so the file is made from a
 real one: the RTX 4090 / Llama-3.1-8B vLLM 0.19 run of LLMServingSim's bench (committed
-under tests/fixtures/real_runs, 300 ShareGPT requests at ~10 req/s), written in the keys
+bundled with pdlab (cluster/data/files/real_runs), 300 ShareGPT requests at ~10 req/s), written in the keys
 and units `vllm/benchmarks/serve.py` uses: settings and `--metadata` entries at the top
 level (the engine settings the server ran with), totals and `*_ms` statistics, and per
 request `input_lens`, `output_lens`, `ttfts` (s), `itls` (s; the run recorded only first
@@ -22,15 +22,15 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from cluster.data import BUNDLED
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_profile import build_profile
 from telemetry import open_reader
 from toolkit.cli import app
 from toolkit.importers import ImportFileError, find_runs, read_vllm_result
 
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
-RUN = FIXTURES / "real_runs/rtx4090_llama31_8b_vllm"
-LLAMA = FIXTURES / "models/meta-llama/Llama-3.1-8B.json"
+RUN = BUNDLED / "real_runs/rtx4090_llama31_8b_vllm"
+LLAMA = BUNDLED / "models/meta-llama/Llama-3.1-8B.json"
 runner = CliRunner()
 
 
@@ -69,9 +69,7 @@ def vllm_result(*, detailed: bool = True, start_times: bool = True, rate: Any = 
 
 @pytest.fixture(scope="module")
 def profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    p = build_profile(
-        FIXTURES / "profiles/llmservingsim_rtx4090_llama31_8b", ModelShape.load(LLAMA)
-    )
+    p = build_profile(BUNDLED / "profiles/llmservingsim_rtx4090_llama31_8b", ModelShape.load(LLAMA))
     out = tmp_path_factory.mktemp("prof") / "rtx4090.json"
     out.write_text(json.dumps(p.to_json()))
     return out

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import gzip
 import json
-from pathlib import Path
 
 import pytest
 
+from cluster.data import BUNDLED
 from cluster.hardware.layer_tables import load_layer_tables
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.pricer import IterationPricer
@@ -21,7 +21,7 @@ from cluster.sim.engine_model.scheduler import ScheduledBatch, StepScheduler
 from cluster.sim.engine_model.sequence import EngineRequest
 from cluster.sim.engine_model.shared_pool import SharedPrefixPool
 
-A6000 = Path(__file__).resolve().parents[4] / "tests" / "fixtures" / "lss_ispass26_a6000"
+A6000 = BUNDLED / "lss_ispass26_a6000"
 STEP_S, PER_TOKEN_S = 0.01, 1e-5
 
 

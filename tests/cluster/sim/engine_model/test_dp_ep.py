@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
+from cluster.data import BUNDLED
 from cluster.hardware.engine import EngineSettings
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_tables import OperatorTables
@@ -13,13 +12,11 @@ from cluster.hardware.pricer import IterationPricer, Parallelism
 from cluster.sim.engine_model import DPBalancer, ReplayRequest, lockstep_time
 from cluster.sim.engine_model.replay import replay
 
-FIXTURES = Path(__file__).resolve().parents[3] / "fixtures"
-
 
 @pytest.fixture(scope="module")
 def moe() -> IterationPricer:
-    shape = ModelShape.load(FIXTURES / "models/Qwen/Qwen3-30B-A3B-Instruct-2507.json")
-    tables = OperatorTables.load(FIXTURES / "profiles/llmservingsim_rtxpro6000_qwen3_30b_a3b")
+    shape = ModelShape.load(BUNDLED / "models/Qwen/Qwen3-30B-A3B-Instruct-2507.json")
+    tables = OperatorTables.load(BUNDLED / "profiles/llmservingsim_rtxpro6000_qwen3_30b_a3b")
     return IterationPricer(tables, shape, Parallelism(tp=1, dp=2, ep=2, link_gbps=16.0))
 
 
