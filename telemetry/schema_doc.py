@@ -33,7 +33,7 @@ TABLE_DOCS: dict[str, str] = {
     "the tokens it received after the dispatch and the experts it ran.",
     "requests": "One row per finished LLM call (turn of an agent program).",
     "request_stages": "One row per request a live PD proxy answered: when it passed each "
-    "stage between the proxy and the engines (their serving overheads: `pdlab fit-overheads`, "
+    "stage between the proxy and the engines (their serving overheads, fitted by `pdlab fit` into overhead_fits; "
     "models.overheads). Join `requests` on request_id for t_arrival, t_first_token, t_done.",
     "branch_events": "One row per event of an agent branch (Alg. E.1's branch table).",
     "kv_events": "One row per KV block stored or removed, or per tier cleared, on a node "
