@@ -17,8 +17,9 @@ token budget, and decode batches at most `max_num_seqs` requests (the rest wait)
 The engine talks to the control plane as a live engine's gateway would (decode binding,
 prefill/transfer done, state reports) and signals everything else upward through
 callbacks the composition root wires: `on_request_done`, `on_switch_ready` (a switching
-node went idle), `on_prefill_start` and `on_preempted` (the programs' PCBs), `on_computed`
-(blocks some request produced: the ideal cache) and the iteration logs of the warmup fit.
+node went idle), `on_computed` (blocks some request produced: the ideal cache) and the
+iteration logs of the warmup fit. A prefill start and a preemption are recorded on the
+request's PCB where they happen (`record_prefill_start`, `record_preemption`).
 """
 
 from __future__ import annotations
@@ -79,8 +80,6 @@ class NodeEngine:
         # Upward signals, wired by the composition root.
         self.on_request_done: Callable[[SimRequest], None] = _unwired
         self.on_switch_ready: Callable[[SimNode], None] = _unwired
-        self.on_prefill_start: Callable[[SimRequest, int], None] = _unwired
-        self.on_preempted: Callable[[SimRequest], None] = _unwired
         self.on_computed: Callable[[list[BlockHash]], None] = _unwired
         self.prefill = PrefillStage(
             kernel,
@@ -92,7 +91,6 @@ class NodeEngine:
             self.queue_wait,
             finished=self._prefill_finished,
             schedule=self.schedule,
-            started=self._started,
             iteration=on_prefill_iteration,
             max_num_seqs=max_num_seqs,
             limits=limits,
@@ -208,9 +206,6 @@ class NodeEngine:
             self.on_switch_ready(node)
 
     # ---- prefill end, transfer, completion -------------------------------------------------
-    def _started(self, req: SimRequest, node_id: int) -> None:
-        self.on_prefill_start(req, node_id)
-
     def _prefill_finished(self, node: SimNode, req: SimRequest) -> None:
         now = self.kernel.now
         start = req.t_c // self.bt
@@ -322,5 +317,5 @@ class NodeEngine:
         req.fetch_ready_t = self.kernel.now
         req.preemptions += 1
         self.preemptions += 1
-        self.on_preempted(req)
+        req.run.pcb.record_preemption()
         self._queue_insert(node, req, front=True)

@@ -231,8 +231,6 @@ class Simulator:
         # The engine's upward signals.
         engine.on_request_done = orchestrator.complete
         engine.on_switch_ready = switching.on_node_idle
-        engine.on_prefill_start = planes.on_prefill_start
-        engine.on_preempted = planes.on_preempted
         engine.on_computed = contexts.ideal.update
 
         self.requests: list[SimRequest] = orchestrator.requests
