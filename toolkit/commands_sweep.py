@@ -130,6 +130,7 @@ def sweep_command(
 ) -> None:
     """Sweep policies and parameters; results into DuckDB and a summary table."""
     # Heavy imports inside the command, so `pdlab --help` stays fast.
+    from cluster import size_limits
     from cluster.experiments.policy_sweeps import table1_rows
     from cluster.sweep import BACKENDS, aggregate, check_points, expand, run_points, write_results
     from toolkit.sim_options import clean_json
@@ -138,6 +139,7 @@ def sweep_command(
         spec = build_spec(preset, quick, base, grid, random, samples, seeds)
         if backend not in BACKENDS:
             raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        size_limits.check("--processes", processes, size_limits.PROCESSES)
         points = expand(spec)
         check_points(points)  # every configuration, before the bar and the workers start
         with Progress(
