@@ -25,7 +25,7 @@ standard error of the best, the refit and its interval).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -59,10 +59,12 @@ class Form:
     terms: tuple[str, ...]
     knee_tokens: float = 0.0
     description: str = ""
+    # 'floor@256' (name@knee) or the name: how fits, reports and profiles key the form.
+    label: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def label(self) -> str:
-        return f"{self.name}@{self.knee_tokens:g}" if self.knee_tokens else self.name
+    def __post_init__(self) -> None:
+        label = f"{self.name}@{self.knee_tokens:g}" if self.knee_tokens else self.name
+        object.__setattr__(self, "label", label)
 
     def design(
         self, rows: Mapping[str, FloatArray], top_k: int = 0, num_experts: int = 0

@@ -194,3 +194,39 @@ def test_layers_name_real_packages(layer: str) -> None:
     """A rule about a package that does not exist checks nothing."""
     path = ROOT / layer.replace(".", "/")
     assert (path / "__init__.py").exists() or path.with_suffix(".py").exists(), layer
+
+
+def _outside_imports(owner: str) -> Iterator[tuple[str, str]]:
+    """(module, imported module) of every run-time import of a module inside the package
+    `owner` from a module outside it (`from owner import X` names the package: allowed)."""
+    files = {_module_name(p): p for p in _sources()}
+    for mod, path in sorted(files.items()):
+        if mod == owner or mod.startswith(owner + "."):
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        for name in _imports(tree, mod, path.name == "__init__.py", files):
+            if name.startswith(owner + "."):
+                yield mod, name
+
+
+def test_the_control_plane_is_imported_from_its_one_address() -> None:
+    """Outside `cluster/control`, code imports the control plane's API from `cluster.control`
+    (its `__init__` exports what others need), never from the modules inside it."""
+    inner = sorted({f"{mod} imports {dep}" for mod, dep in _outside_imports("cluster.control")})
+    assert not inner, (
+        "import these from `cluster.control` (export them in cluster/control/__init__.py):\n"
+        + "\n".join(inner)
+    )
+
+
+def test_the_one_address_rule_sees_inner_imports() -> None:
+    """The check above would catch an inner import, a lazy one and `from pkg import module`."""
+    src = (
+        "from cluster.control import ControlPlane\n"
+        "def f():\n    from cluster.control.state import RouteRequest\n"
+        "from cluster.control import routing\n"
+        "if TYPE_CHECKING:\n    from cluster.control.lock import ContendedRLock\n"
+    )
+    files = {"cluster.control", "cluster.control.state", "cluster.control.routing"}
+    got = sorted(_imports(ast.parse(src), "cluster.sim.x", False, files))
+    assert got == ["cluster.control", "cluster.control.routing", "cluster.control.state"]

@@ -88,11 +88,11 @@ def build_cluster(
     """The `LaunchedCluster` of `opts` (not started; checks every option first). The
     engines' mutating routes take `token` (the server's own; None: a random one), which
     the cluster sends with every engine call."""
+    from cluster.core import parse_split
     from cluster.engines.torch.config import preset
     from cluster.kv.eviction import EVICTION_POLICIES
     from cluster.sglang.live.cluster_file import ClusterSettings
     from cluster.sglang.live.launched import EngineLaunch, LaunchedCluster
-    from cluster.sim.config import parse_split
 
     split = parse_split(opts.split, opts.nodes)
     if split is None:

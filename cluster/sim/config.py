@@ -1,4 +1,5 @@
-"""Simulation configuration: `SimConfig`, split parsing, policy references (SPEC §5, §7)."""
+"""Simulation configuration: `SimConfig` and policy references (SPEC §5, §7); `parse_split`
+(cluster.core) stays importable from here."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cluster import size_limits as limits
-from cluster.core import ConfigError
+from cluster.core import ConfigError, parse_split
 from cluster.hardware.engine import GIB, EngineSettings
 from cluster.hardware.profiles import HardwareProfile
 from cluster.kv.eviction import EVICTION_POLICIES
@@ -45,23 +46,6 @@ class PolicyRef(str):
 
 def _policy_ref(label: str, obj: Any) -> PolicyRef:
     return PolicyRef("", obj)
-
-
-def parse_split(split: str, nodes: int) -> tuple[int, int] | None:
-    """'4P5D' -> (4, 5); 'collocated' -> None. Errors name what is allowed."""
-    if split == "collocated":
-        return None
-    s = split.upper()
-    try:
-        p_str, d_str = s.rstrip("D").split("P")
-        p, d = int(p_str), int(d_str)
-    except ValueError:
-        raise ConfigError(f"split must look like 4P5D or be 'collocated', got {split!r}") from None
-    if p < 1 or d < 1 or p + d != nodes:
-        raise ConfigError(
-            f"split {split} needs >= 1 prefill and >= 1 decode node summing to --nodes {nodes}"
-        )
-    return p, d
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ from operator import mul, sub
 
 import numpy as np
 
-from cluster.control.state import NodeReport
+from cluster.control import NodeReport
 from cluster.hardware.pricer import IterationPricer
 from cluster.hardware.profiles import HardwareProfile
 from cluster.sim.buffer import BufferedSink

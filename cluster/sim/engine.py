@@ -30,8 +30,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from cluster.control.control_plane import ControlPlane
-from cluster.control.state import RouteRequest
+from cluster.control import ControlPlane, RouteRequest
 from cluster.core import BlockHash
 from cluster.hardware.profiles import HardwareProfile
 from cluster.sim.buffer import BufferedSink

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from cluster.control.state import NodeReport, QueuedWork
+from cluster.control import NodeReport, QueuedWork
 from cluster.core import BlockHash, Phase
 from cluster.sim.entities import DecodeEpoch, SimRequest
 from cluster.sim.memory import NodeMemory

@@ -22,8 +22,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from cluster.control.control_plane import ControlPlane
-from cluster.control.state import RouteRequest
+from cluster.control import ControlPlane, RouteRequest
 from cluster.hardware.pricer import IterationPricer
 from cluster.hardware.profiles import HardwareProfile
 from cluster.sim.buffer import BufferedSink

@@ -31,11 +31,18 @@ from typing import Any
 
 import httpx
 
-from cluster.control.control_plane import ControlPlane, ControlPlaneConfig, SwitchError
-from cluster.control.engines import CompletedRequest, NodeStatus, RequestListener
-from cluster.control.lock import ContendedRLock
-from cluster.control.planning import SwitchMode
-from cluster.control.state import NodeReport, QueuedWork
+from cluster.control import (
+    CompletedRequest,
+    ContendedRLock,
+    ControlPlane,
+    ControlPlaneConfig,
+    NodeReport,
+    NodeStatus,
+    QueuedWork,
+    RequestListener,
+    SwitchError,
+    SwitchMode,
+)
 from cluster.core import ConfigError, Phase, TelemetrySink, tee
 from cluster.sglang.live.attached_node import AttachedNode, Delta
 from cluster.sglang.live.fleet_file import FleetConfig, discover, load_fleet_file

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 import httpx
 
-from cluster.control.lock import ContendedRLock
+from cluster.control import ContendedRLock
 from cluster.core import KVEvent, TelemetrySink
 from cluster.sglang.live.engine_state import RestartAwareKVCollector
 from cluster.sglang.live.fleet_file import AttachedEngine

@@ -1,16 +1,13 @@
 """A live SGLang PD cluster under the control plane: the engines of `pdlab serve --sglang`.
 
-SPEC §6 and paper 000 Fig. 1: the same `ControlPlane` that drives the simulator drives real
-SGLang engines. `SGLangCluster` implements `cluster.control.engines.ClusterEngines` (what the
-control server needs) and `EngineBackend` (what the control plane asks): it reads a cluster
-file (`cluster_file`), discovers the engines through /server_info, opens the telemetry run
-(`telemetry_run`), and wires its parts — the engines' collectors and health checks
-(`fleet.EngineFleet`), the data-plane proxy (`proxy.PDProxy`), phase switches
-(`role_switch.RoleSwitcher`), online refits of the nodes' models (`online_fit`) and the
-engines' KV usage and branch counts (`kv_sync.KVSync`) — to the control plane. Its health
-loop reports every node to the control plane, runs the planner, refits the models, reads
-the engines' KV usage and pushes branch counts. `serving.add_data_plane` mounts the proxy's
-routes on an app; `launched.LaunchedCluster` also starts the engine processes.
+SPEC §6, paper 000 Fig. 1: the `ControlPlane` that drives the simulator drives real SGLang
+engines. `SGLangCluster` implements `cluster.control.ClusterEngines` (for the control server)
+and `EngineBackend` (for the control plane): it reads a cluster file (`cluster_file`), finds
+the engines through /server_info, opens the telemetry run (`telemetry_run`) and wires to the
+control plane collectors and health checks (`fleet.EngineFleet`), the proxy (`proxy.PDProxy`),
+phase switches (`role_switch`), online refits (`online_fit`) and KV usage and branch counts
+(`kv_sync.KVSync`), all driven by its health loop. `serving.add_data_plane` mounts the proxy's
+routes; `launched.LaunchedCluster` also starts the engine processes.
 
 Threads: the uvicorn loop (proxy and REST handlers), one SUB thread per collector, the
 health loop, one thread per phase switch. `ControlPlane.lock` serializes all of them; the
@@ -28,11 +25,16 @@ from typing import Any
 
 import httpx
 
-from cluster.control.control_plane import ControlPlane, ControlPlaneConfig
-from cluster.control.engines import CompletedRequest, NodeStatus, RequestListener
-from cluster.control.lock import ContendedRLock
-from cluster.control.planning import SwitchMode
-from cluster.control.state import NodeReport
+from cluster.control import (
+    CompletedRequest,
+    ContendedRLock,
+    ControlPlane,
+    ControlPlaneConfig,
+    NodeReport,
+    NodeStatus,
+    RequestListener,
+    SwitchMode,
+)
 from cluster.core import ConfigError, Phase, TelemetrySink, tee
 from cluster.sglang.live.cluster_file import ClusterConfig, EngineSpec, load_cluster_config
 from cluster.sglang.live.engine_state import EngineState

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from cluster.control.lock import ContendedRLock
+from cluster.control import ContendedRLock
 from cluster.core import KVEvent, TelemetrySink
 from cluster.sglang.live.cluster_file import EngineSpec
 from cluster.sglang.live.engine_state import EngineState, RestartAwareKVCollector

@@ -8,7 +8,7 @@ running one counts whole, so T_rem = 0). Read and written under the control-plan
 
 from __future__ import annotations
 
-from cluster.control.state import QueuedWork
+from cluster.control import QueuedWork
 from cluster.sglang.live.live_request import LiveRequest
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from cluster.control.lock import ContendedRLock
+from cluster.control import ContendedRLock
 from cluster.core import BlockHash
 from cluster.sglang.live.engine_state import EngineState
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from cluster.control.state import RouteRequest
+from cluster.control import RouteRequest
 from cluster.sglang.wire import stamps as st
 
 BRANCH_KINDS = ("start", "fork", "subagent")

@@ -49,7 +49,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import ClientDisconnect
 
-from cluster.control.state import QueuedWork
+from cluster.control import QueuedWork
 from cluster.core import ConfigError
 from cluster.kv.hashing import TokenPathCache
 from cluster.sglang.live.cluster_file import ClusterSettings, EngineSpec
@@ -72,7 +72,7 @@ from cluster.sglang.wire.payloads import error_json, output_tokens, sse_events
 from cluster.sglang.wire.stamps import emitted
 
 if TYPE_CHECKING:
-    from cluster.control.control_plane import ControlPlane
+    from cluster.control import ControlPlane
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -42,7 +42,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from cluster.control.planning import SwitchMode
+from cluster.control import SwitchMode
 from cluster.core import Phase
 from cluster.sglang.live.cluster_file import EngineSpec, merge_discovered, spec_from_server_info
 

@@ -19,8 +19,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from cluster.control.control_plane import ControlPlane
-from cluster.control.state import RouteRequest
+from cluster.control import ControlPlane, RouteRequest
 
 
 class Shadow:

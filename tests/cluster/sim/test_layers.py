@@ -33,7 +33,7 @@ LAYERS = (
     "contexts",
     "planes",
     "orchestrator",
-    "switching",
+    "drain",
     "simulator",
     "runner",
     "paced",

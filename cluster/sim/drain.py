@@ -14,9 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cluster.control.control_plane import ControlPlane
-from cluster.control.planning import SwitchMode
-from cluster.control.state import RouteRequest
+from cluster.control import ControlPlane, RouteRequest, SwitchMode
 from cluster.core import Phase
 from cluster.sim.engine import NodeEngine
 from cluster.sim.kernel import SWITCH_DONE, EventKernel
@@ -79,7 +77,7 @@ class Switching:
         lost = 0
         now = self.kernel.now
         if mode in ("relaunch", "strand"):
-            lost = self.cp.directory.node_blocks(node.id)
+            lost = self.cp.node_blocks(node.id)
             node.memory.clear(now)
         if mode == "relaunch":
             node.out_of_service = True
