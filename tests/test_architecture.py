@@ -19,8 +19,9 @@ MAX_LINES = 500
 # Which of our packages each package may import (besides itself). The top-level packages
 # follow SPEC §1 (models and telemetry depend on nothing of ours, cluster uses both, toolkit
 # uses all); inside `cluster` the layers run core -> kv, workloads -> control -> policies ->
-# sim -> sweep -> experiments, with the server and the SGLang adapter beside the simulator,
-# never importing it or each other (the CLI wires them together).
+# sim -> sweep -> experiments, with the server, the live clusters and the engines beside the
+# simulator, never importing it or each other (the CLI wires them together); below them the
+# engine streams (`cluster.wire`) and SGLang's own formats (`cluster.sglang`) above those.
 BASE = ("cluster.core", "cluster.input_files", "cluster.size_limits")
 ALLOWED: dict[str, tuple[str, ...]] = {
     "models": (),
@@ -42,14 +43,16 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "cluster.server": (
         "models", "telemetry", *BASE, "cluster.kv", "cluster.hardware", "cluster.control",
     ),
-    "cluster.sglang.wire": ("models", *BASE, "cluster.hardware", "cluster.kv"),
-    "cluster.sglang.live": (
+    "cluster.wire": ("models", *BASE, "cluster.hardware", "cluster.kv"),
+    "cluster.sglang": ("models", *BASE, "cluster.hardware", "cluster.kv", "cluster.wire"),
+    "cluster.live": (
         "models", "telemetry", *BASE, "cluster.kv", "cluster.hardware", "cluster.workloads",
         "cluster.control",
-        "cluster.sglang.wire",
+        "cluster.wire", "cluster.sglang",
     ),
-    "cluster.sglang": ("cluster.sglang.wire",),  # the package docstring
-    "cluster.engines": ("models", *BASE, "cluster.hardware", "cluster.kv", "cluster.sglang.wire"),
+    "cluster.engines": (
+        "models", *BASE, "cluster.hardware", "cluster.kv", "cluster.wire", "cluster.sglang",
+    ),
     "cluster.sweep": (
         "models", "telemetry", *BASE, "cluster.kv", "cluster.hardware", "cluster.workloads",
         "cluster.control",
@@ -230,3 +233,17 @@ def test_the_one_address_rule_sees_inner_imports() -> None:
     files = {"cluster.control", "cluster.control.state", "cluster.control.routing"}
     got = sorted(_imports(ast.parse(src), "cluster.sim.x", False, files))
     assert got == ["cluster.control", "cluster.control.routing", "cluster.control.state"]
+
+
+def test_test_file_basenames_are_unique() -> None:
+    """pytest's default (rootdir) import mode imports test modules by basename when their
+    folders have no `__init__.py`: two `test_metrics.py` under tests/ break collection of the
+    whole suite (it happened in CI). Name a test file after its folder's subject instead."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    clashes = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    assert len(seen) > 100, "found too few test files: is ROOT right?"
+    assert not clashes, "rename one of each (pytest imports test files by basename):\n" + "\n".join(
+        f"{name}: {', '.join(paths)}" for name, paths in sorted(clashes.items())
+    )

@@ -36,7 +36,7 @@ import numpy.typing as npt
 
 from cluster.core import ConfigError
 from cluster.hardware.attention_kernel import flash_attention_version
-from cluster.hardware.engine import EngineSettings
+from cluster.hardware.engine_settings import EngineSettings
 from cluster.hardware.layer_tables import is_layers_layout, load_layer_tables
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_tables import OperatorTables

@@ -8,7 +8,7 @@ from typing import Any
 
 from cluster import size_limits as limits
 from cluster.core import ConfigError, parse_split
-from cluster.hardware.engine import GIB, EngineSettings
+from cluster.hardware.engine_settings import GIB, EngineSettings
 from cluster.hardware.profiles import HardwareProfile
 from cluster.kv.eviction import EVICTION_POLICIES
 from cluster.policies.guard import DEFAULT_HOOK_BUDGET_S
@@ -239,7 +239,7 @@ def engine_profile(cfg: SimConfig, profile: HardwareProfile) -> tuple[HardwarePr
     """The profile with the config's engine limits applied, and where its GPU KV capacity
     comes from: `max_num_seqs` caps the decode batch, `max_num_batched_tokens` is the
     prefill chunk budget, and `gpu_memory_gib` sizes the GPU KV per node as
-    `cluster.hardware.engine.EngineSettings.kv_capacity` does (weights and KV bytes per
+    `cluster.hardware.engine_settings.EngineSettings.kv_capacity` does (weights and KV bytes per
     token from the profile's model; host KV then 4x GPU unless `l2_tokens` is given).
     Without limits the profile is returned unchanged."""
     if not cfg.engine_limits:

@@ -16,9 +16,9 @@ from typing import Any
 
 from cluster.control import ControlPlane, RouteRequest, SwitchMode
 from cluster.core import Phase
-from cluster.sim.engine import NodeEngine
 from cluster.sim.kernel import SWITCH_DONE, EventKernel
 from cluster.sim.node import SimNode
+from cluster.sim.node_engine import NodeEngine
 from cluster.sim.warmup import WarmupFit
 
 

@@ -24,10 +24,10 @@ from cluster.hardware.profiles import HardwareProfile
 from cluster.sim.buffer import BufferedSink
 from cluster.sim.config import SimConfig
 from cluster.sim.contexts import Contexts
-from cluster.sim.engine import NodeEngine
 from cluster.sim.entities import ProgramRun, SimRequest, branch_key
 from cluster.sim.kernel import ARRIVAL, RELEASE, EventKernel
 from cluster.sim.metrics import TraceReplay
+from cluster.sim.node_engine import NodeEngine
 from cluster.sim.planes import PolicyPlanes
 from cluster.workloads.loops import AdmissionQueue, OpenLoop
 from cluster.workloads.program import Program

@@ -48,7 +48,7 @@ def sums(batch: list[Chunk]) -> tuple[int, float, int, int]:
 
 
 class PrefillStage:
-    """Prefill iterations of every node. Wired by `cluster.sim.engine.NodeEngine`:
+    """Prefill iterations of every node. Wired by `cluster.sim.node_engine.NodeEngine`:
     `finished(node, req)` when a request's prefill ends, `schedule(node)` after each
     iteration and `iteration(node_id, sum_uc, sum_a, sum_rst, duration_s)` for the warmup
     fit; a request's first chunk is recorded on its program's PCB."""

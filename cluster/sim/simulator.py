@@ -35,12 +35,12 @@ from cluster.sim.buffer import BufferedSink
 from cluster.sim.config import SimConfig, _spec, engine_profile
 from cluster.sim.contexts import Contexts
 from cluster.sim.drain import Switching
-from cluster.sim.engine import NodeEngine
 from cluster.sim.entities import ProgramRun, SimRequest
 from cluster.sim.kernel import TICK, WARMUP, EventKernel
 from cluster.sim.memory import NodeMemory, Publish, kv_event_rows, retention_caches, tier_caches
 from cluster.sim.metrics import RunRecord, summarize
 from cluster.sim.node import SimNode
+from cluster.sim.node_engine import NodeEngine
 from cluster.sim.orchestrator import ProgramOrchestrator
 from cluster.sim.planes import PolicyPlanes
 from cluster.sim.tiered_memory import TieredMemory

@@ -18,7 +18,7 @@ import pytest
 
 from cluster.engines.standin.scheduler import FAST_DECODE, FAST_PREFILL, SchedulerConfig
 from cluster.engines.standin.server import StandinEngine
-from cluster.sglang.live.agent_client import TokenMap, play_programs
+from cluster.live.agent_client import TokenMap, play_programs
 from cluster.workloads import make_workload
 from cluster.workloads.builder import ProgramBuilder
 from cluster.workloads.program import Program, Segment, SegmentIds

@@ -23,8 +23,8 @@ import httpx
 import pytest
 
 from cluster.engines.standin.server import StandinEngine
-from cluster.sglang.live.cluster_file import EngineSpec
-from cluster.sglang.wire.toy_tokenizer import encode
+from cluster.live.cluster_file import EngineSpec
+from cluster.wire.toy_tokenizer import encode
 from telemetry import open_reader
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -15,7 +15,7 @@ import pytest
 from fastapi import FastAPI, Request
 
 from cluster.kv.hashing import token_block_hashes
-from cluster.sglang.wire.toy_tokenizer import encode
+from cluster.wire.toy_tokenizer import encode
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 6  # 270 bytes, 16 full pages
 
@@ -198,7 +198,7 @@ def test_request_paths_match_the_blocks_the_engine_stored(
     chat = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 2}
     assert httpx.post(f"{h.url}/v1/chat/completions", json=chat, timeout=20).status_code == 200
     assert until(lambda: cp.node_blocks(0) > 0)
-    from cluster.sglang.wire.toy_tokenizer import chat_template
+    from cluster.wire.toy_tokenizer import chat_template
 
     path = token_block_hashes(encode(chat_template(chat["messages"])), cp.config.block_tokens)
     with cp.lock:
@@ -221,7 +221,7 @@ def test_idle_engine_connections_are_dropped_before_the_server_closes_them() -> 
     import asyncio
 
     from cluster.engines.shell.loopback import LoopbackServer
-    from cluster.sglang.live.engine_calls import KEEPALIVE_EXPIRY_S, EngineCalls
+    from cluster.live.engine_calls import KEEPALIVE_EXPIRY_S, EngineCalls
 
     app = FastAPI()
 

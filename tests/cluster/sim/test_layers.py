@@ -29,7 +29,7 @@ LAYERS = (
     "decode_batch",
     "decode",
     "mixed",
-    "engine",
+    "node_engine",
     "contexts",
     "planes",
     "orchestrator",

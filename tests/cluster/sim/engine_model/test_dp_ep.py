@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.hardware.engine import EngineSettings
+from cluster.hardware.engine_settings import EngineSettings
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_tables import OperatorTables
 from cluster.hardware.pricer import IterationPricer, Parallelism
