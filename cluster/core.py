@@ -1,6 +1,6 @@
 """Core types shared by the control plane, the simulated engines and live backends.
 
-Phases, KV tiers, the KV event model (SGLang's and vLLM's BlockStored / BlockRemoved /
+Phases, KV tiers, PD splits (`parse_split`), the KV event model (SGLang's and vLLM's BlockStored / BlockRemoved /
 AllBlocksCleared, SPEC §6, mapped onto one NamedTuple), the telemetry sink the control
 plane hands records to, and a string-keyed registry for policy families.
 """
@@ -20,6 +20,25 @@ BlockHash = int  # signed 64-bit chained hash of a block's tokens and its parent
 
 class ConfigError(ValueError):
     """A configuration value is invalid; the message says what is allowed."""
+
+
+def parse_split(split: str, nodes: int) -> tuple[int, int] | None:
+    """A PD split: '4P5D' -> (4 prefill, 5 decode nodes); 'collocated' -> None (every node
+    serves both phases). The simulator, the live clusters, the twin and advise read splits
+    alike; errors name what is allowed."""
+    if split == "collocated":
+        return None
+    s = split.upper()
+    try:
+        p_str, d_str = s.rstrip("D").split("P")
+        p, d = int(p_str), int(d_str)
+    except ValueError:
+        raise ConfigError(f"split must look like 4P5D or be 'collocated', got {split!r}") from None
+    if p < 1 or d < 1 or p + d != nodes:
+        raise ConfigError(
+            f"split {split} needs >= 1 prefill and >= 1 decode node summing to --nodes {nodes}"
+        )
+    return p, d
 
 
 class KVEventKind(StrEnum):

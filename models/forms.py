@@ -17,22 +17,20 @@ linear term, so every form is fitted by the relative-error NNLS of models.fittin
   m2*sum A + m3*sum ctx + m4*phi(N) + m5*num_seqs + m6*sum t_c with N the tokens of the
   iteration.
 
-`select_form` scores candidates by K-fold cross-validation of the relative error from Gram
-statistics (so it also works on the per-bucket sums computed in SQL) and keeps the simplest
-form within one standard error of the best (the one-standard-error rule): a form earns its
-extra terms only when the held-out error says so.
+Which form a node's iterations support is chosen by models.selection (`choose_form`: K-fold
+cross-validation of the relative error from Gram statistics, the simplest form within one
+standard error of the best, the refit and its interval).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 
-from models.fitting import FitError, GramStats, bootstrap_ci, fit_from_gram
 from models.iteration import DecodeModel, PrefillModel, phi
 
 FloatArray = npt.NDArray[np.float64]
@@ -61,10 +59,12 @@ class Form:
     terms: tuple[str, ...]
     knee_tokens: float = 0.0
     description: str = ""
+    # 'floor@256' (name@knee) or the name: how fits, reports and profiles key the form.
+    label: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def label(self) -> str:
-        return f"{self.name}@{self.knee_tokens:g}" if self.knee_tokens else self.name
+    def __post_init__(self) -> None:
+        label = f"{self.name}@{self.knee_tokens:g}" if self.knee_tokens else self.name
+        object.__setattr__(self, "label", label)
 
     @property
     def equation(self) -> str:
@@ -199,85 +199,6 @@ def form_names() -> tuple[str, ...]:
     return ("auto", "paper", "floor", "roofline", "ctx", "unified")
 
 
-class FormScore(NamedTuple):
-    """Cross-validated relative RMSE of one form: mean over folds and its standard error."""
-
-    form: Form
-    cv_rmse: float
-    cv_se: float
-    folds: int
-
-
-class FormChoice(NamedTuple):
-    """The chosen form, its coefficients on all rows, and every candidate's score."""
-
-    form: Form
-    coef: tuple[float, ...]
-    fixed: tuple[str, ...]
-    scores: tuple[FormScore, ...]
-
-
-def relative_rmse(stats: GramStats, coef: FloatArray) -> float:
-    """sqrt(mean(((x.c - y) / y)^2)) from Gram statistics alone."""
-    if stats.n == 0:
-        return float("nan")
-    sse = float(coef @ stats.xtx @ coef - 2.0 * stats.xty @ coef + stats.yty)
-    return float(np.sqrt(max(sse, 0.0) / stats.n))
-
-
-def _total(buckets: Sequence[GramStats], p: int) -> GramStats:
-    out = GramStats.zeros(p)
-    for b in buckets:
-        out = out + b
-    return out
-
-
-def cross_validate(
-    form: Form, buckets: Sequence[GramStats], folds: int = 5, always: Sequence[str] = ()
-) -> FormScore:
-    """K-fold CV over buckets (fold = bucket index mod K): relative RMSE per held-out fold."""
-    p = len(form.terms)
-    usable = [b for b in buckets if b.n > 0]
-    k = min(folds, len(usable))
-    if k < 2:
-        raise FitError(f"cross-validation needs at least two non-empty buckets, got {len(usable)}")
-    errs = []
-    for f in range(k):
-        test = [b for i, b in enumerate(usable) if i % k == f]
-        train = [b for i, b in enumerate(usable) if i % k != f]
-        coef, _ = fit_from_gram(_total(train, p), form.terms, min_samples=p + 1, always=always)
-        errs.append(relative_rmse(_total(test, p), coef))
-    e = np.asarray(errs)
-    return FormScore(form, float(e.mean()), float(e.std(ddof=1) / np.sqrt(k)), k)
-
-
-def select_form(
-    scored: Sequence[tuple[Form, Sequence[GramStats]]], folds: int = 5, always: Sequence[str] = ()
-) -> FormChoice:
-    """Score each (form, buckets) by CV; keep the simplest within one SE of the best.
-
-    Candidates are ordered as given (simplest first). Forms whose data cannot determine
-    them (collinear, too few rows) are skipped; FitError when none can be fitted.
-    """
-    scores: list[FormScore] = []
-    problems: list[str] = []
-    for form, buckets in scored:
-        try:
-            scores.append(cross_validate(form, buckets, folds, always))
-        except FitError as exc:
-            problems.append(f"{form.label}: {exc}")
-    if not scores:
-        raise FitError("no form could be fitted: " + "; ".join(problems))
-    best = min(scores, key=lambda s: s.cv_rmse)
-    bar = best.cv_rmse + best.cv_se
-    chosen = next(s for s in scores if s.cv_rmse <= bar)
-    buckets = dict((f.label, b) for f, b in scored)[chosen.form.label]
-    coef, fixed = fit_from_gram(
-        _total(buckets, len(chosen.form.terms)), chosen.form.terms, always=always
-    )
-    return FormChoice(chosen.form, tuple(float(c) for c in coef), fixed, tuple(scores))
-
-
 def prefill_model(
     form: Form, coef: Sequence[float], top_k: int = 0, num_experts: int = 0
 ) -> PrefillModel:
@@ -311,43 +232,3 @@ def form_by_label(phase: Phase, label: str) -> Form:
         if f.name == name and not f.knee_tokens:
             return f
     raise ValueError(f"unknown {phase} form {label!r}")
-
-
-def robust_ci(
-    buckets: Sequence[GramStats],
-    terms: Sequence[str],
-    coef: Sequence[float],
-    *,
-    resamples: int = 200,
-    seed: int = 0,
-) -> tuple[tuple[float, float], ...]:
-    """95% intervals that cover model error, not only sampling noise.
-
-    `buckets` are contiguous blocks of rows (time windows of the run, or clusters of a
-    profile grid): resampling whole blocks keeps whatever the form misses inside a block
-    (a drifting context mix, a regime the form bends around) in every resample, so the
-    spread of the coefficients reflects it (a block bootstrap). Each side is then widened
-    by 2*s^2*|coef|, s the relative RMSE of the fit: relative-error least squares under
-    multiplicative noise is biased low by about s^2 of each coefficient, which no
-    resampling shows.
-    """
-    p = len(terms)
-    s = relative_rmse(_total(buckets, p), np.asarray(coef, dtype=np.float64))
-    ci = bootstrap_ci(buckets, terms, resamples=resamples, seed=seed)
-    pad = 2.0 * s * s
-    # NNLS coefficients are >= 0, so an interval never reaches below 0.
-    return tuple(
-        (max(min(lo, c) - pad * abs(c), 0.0), max(hi, c) + pad * abs(c))
-        for (lo, hi), c in zip(ci, coef, strict=True)
-    )
-
-
-def time_blocks(t: FloatArray, num_blocks: int = 20) -> npt.NDArray[np.int64]:
-    """Block index of each row: `num_blocks` equal windows over the rows' own time span."""
-    x = np.asarray(t, dtype=np.float64)
-    if x.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    lo, hi = float(x.min()), float(x.max())
-    if hi <= lo:
-        return np.zeros(x.size, dtype=np.int64)
-    return np.minimum(((x - lo) / (hi - lo) * num_blocks).astype(np.int64), num_blocks - 1)

@@ -143,7 +143,7 @@ def run_torch(a: argparse.Namespace) -> dict[str, Any]:
     """The live torch cluster of `pdlab serve --engines torch` under load, then its fits."""
     import httpx
 
-    from cluster.sglang.live.serving import ServerThread
+    from cluster.live.serving import ServerThread
     from telemetry import open_reader
     from toolkit.commands_serve_sglang import create_sglang_app
     from toolkit.commands_serve_torch import TorchClusterOptions, build_agents, build_cluster
@@ -246,10 +246,10 @@ def run_torch(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(a: argparse.Namespace) -> dict[str, Any]:
-    from cluster.sglang.live.agent_client import TokenMap, play_programs
-    from cluster.sglang.live.cluster import SGLangCluster
-    from cluster.sglang.live.cluster_file import ClusterConfig, ClusterSettings, EngineSpec
-    from cluster.sglang.live.serving import ServerThread
+    from cluster.live.agent_client import TokenMap, play_programs
+    from cluster.live.cluster import SGLangCluster
+    from cluster.live.cluster_file import ClusterConfig, ClusterSettings, EngineSpec
+    from cluster.live.serving import ServerThread
     from cluster.workloads import make_workload
     from telemetry import open_reader
     from toolkit.commands_serve_sglang import create_sglang_app

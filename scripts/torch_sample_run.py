@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def record(db: Path, duration_s: float, agents: int, seed: int) -> str:
-    from cluster.sglang.live.serving import ServerThread
+    from cluster.live.serving import ServerThread
     from toolkit.commands_serve_sglang import create_sglang_app
     from toolkit.commands_serve_torch import TorchClusterOptions, build_agents, build_cluster
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cluster.hardware.engine import EngineSettings
+from cluster.hardware.engine_settings import EngineSettings
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_profile import build_profile
 from cluster.hardware.operator_tables import OperatorTables

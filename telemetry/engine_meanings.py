@@ -1,7 +1,7 @@
 """What the telemetry columns mean when vLLM produced them (docs/telemetry.md, SPEC §3).
 
 vLLM's iteration rows come from pdlab's stat-logger plugin (`toolkit/vllm_plugin.py`,
-mapping in `cluster/sglang/wire/vllm_step_rows.py`): vLLM reports per-step counts, not
+mapping in `cluster/wire/vllm_step_rows.py`): vLLM reports per-step counts, not
 per-request batch contents, so some columns are exact, some estimated and some absent.
 `telemetry.schema_doc` prints these beside each table's reference. Keys are table -> column.
 """

@@ -18,10 +18,10 @@ MAX_LINES = 500
 
 # Which of our packages each package may import (besides itself). The top-level packages
 # follow SPEC §1 (models and telemetry depend on nothing of ours, cluster uses both, toolkit
-# uses all); inside `cluster` the layers run core (and data, the shipped real data) -> kv,
-# workloads -> control -> policies ->
-# sim -> sweep -> experiments, with the server and the SGLang adapter beside the simulator,
-# never importing it or each other (the CLI wires them together).
+# uses all); inside `cluster` the layers run core (and data, the shipped real data) -> kv, workloads -> control -> policies ->
+# sim -> sweep -> experiments, with the server, the live clusters and the engines beside the
+# simulator, never importing it or each other (the CLI wires them together); below them the
+# engine streams (`cluster.wire`) and SGLang's own formats (`cluster.sglang`) above those.
 BASE = ("cluster.core", "cluster.input_files", "cluster.size_limits", "cluster.data")
 ALLOWED: dict[str, tuple[str, ...]] = {
     "models": (),
@@ -44,14 +44,16 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "cluster.server": (
         "models", "telemetry", *BASE, "cluster.kv", "cluster.hardware", "cluster.control",
     ),
-    "cluster.sglang.wire": ("models", *BASE, "cluster.hardware", "cluster.kv"),
-    "cluster.sglang.live": (
+    "cluster.wire": ("models", *BASE, "cluster.hardware", "cluster.kv"),
+    "cluster.sglang": ("models", *BASE, "cluster.hardware", "cluster.kv", "cluster.wire"),
+    "cluster.live": (
         "models", "telemetry", *BASE, "cluster.kv", "cluster.hardware", "cluster.workloads",
         "cluster.control",
-        "cluster.sglang.wire",
+        "cluster.wire", "cluster.sglang",
     ),
-    "cluster.sglang": ("cluster.sglang.wire",),  # the package docstring
-    "cluster.engines": ("models", *BASE, "cluster.hardware", "cluster.kv", "cluster.sglang.wire"),
+    "cluster.engines": (
+        "models", *BASE, "cluster.hardware", "cluster.kv", "cluster.wire", "cluster.sglang",
+    ),
     "cluster.sweep": (
         "models", "telemetry", *BASE, "cluster.kv", "cluster.hardware", "cluster.workloads",
         "cluster.control",
@@ -215,7 +217,7 @@ MAX_FUNCTION_LINES = 80
 FUNCTION_LIMIT_EXEMPT = ("toolkit/plots/",)
 
 LONG_CLASSES: dict[str, int] = {
-    "cluster/sglang/live/cluster.py::SGLangCluster": 440,
+    "cluster/live/cluster.py::SGLangCluster": 440,
 }
 
 LONG_FUNCTIONS: dict[str, int] = {
@@ -227,18 +229,18 @@ LONG_FUNCTIONS: dict[str, int] = {
     "cluster/hardware/model_shape.py::ModelShape.from_hf_config": 81,
     "cluster/hardware/operator_profile.py::build_profile": 86,
     "cluster/server/app.py::create_app": 127,
-    "cluster/sglang/live/cluster.py::SGLangCluster.start": 83,
+    "cluster/live/cluster.py::SGLangCluster.start": 83,
     "cluster/sim/engine_model/cluster_replay.py::replay_cluster": 126,
     "cluster/sim/metrics.py::summarize": 109,
     "cluster/sim/simulator.py::Simulator.__init__": 172,
     "telemetry/schema_imported.py::imported_tables": 176,
     "toolkit/advise.py::advise": 101,
     "toolkit/commands_advise.py::advise_command": 84,
-    "toolkit/commands_engine.py::engine_command": 125,
+    "toolkit/commands_engine.py::engine_command": 152,
     "toolkit/commands_fit.py::fit_command": 85,
-    "toolkit/commands_lab.py::lab_command": 89,
+    "toolkit/commands_lab.py::lab_command": 116,
     "toolkit/commands_profile.py::import_command": 144,
-    "toolkit/commands_serve.py::serve_command": 141,
+    "toolkit/commands_serve.py::serve_command": 156,
     "toolkit/commands_sim.py::simulate_command": 294,
     "toolkit/commands_twin.py::twin_command": 188,
     "toolkit/commands_validate.py::validate_command": 89,
@@ -328,3 +330,53 @@ def test_size_checks_catch_growth_and_stale_entries() -> None:
     assert "a.py::gone: allowlisted function no longer exists" in text
     assert "a.py::f" not in text  # shrank from 95 to 90: fine
     assert should == {"a.py::f": 90, "a.py::g": 100}
+
+
+def _outside_imports(owner: str) -> Iterator[tuple[str, str]]:
+    """(module, imported module) of every run-time import of a module inside the package
+    `owner` from a module outside it (`from owner import X` names the package: allowed)."""
+    files = {_module_name(p): p for p in _sources()}
+    for mod, path in sorted(files.items()):
+        if mod == owner or mod.startswith(owner + "."):
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        for name in _imports(tree, mod, path.name == "__init__.py", files):
+            if name.startswith(owner + "."):
+                yield mod, name
+
+
+def test_the_control_plane_is_imported_from_its_one_address() -> None:
+    """Outside `cluster/control`, code imports the control plane's API from `cluster.control`
+    (its `__init__` exports what others need), never from the modules inside it."""
+    inner = sorted({f"{mod} imports {dep}" for mod, dep in _outside_imports("cluster.control")})
+    assert not inner, (
+        "import these from `cluster.control` (export them in cluster/control/__init__.py):\n"
+        + "\n".join(inner)
+    )
+
+
+def test_the_one_address_rule_sees_inner_imports() -> None:
+    """The check above would catch an inner import, a lazy one and `from pkg import module`."""
+    src = (
+        "from cluster.control import ControlPlane\n"
+        "def f():\n    from cluster.control.state import RouteRequest\n"
+        "from cluster.control import routing\n"
+        "if TYPE_CHECKING:\n    from cluster.control.lock import ContendedRLock\n"
+    )
+    files = {"cluster.control", "cluster.control.state", "cluster.control.routing"}
+    got = sorted(_imports(ast.parse(src), "cluster.sim.x", False, files))
+    assert got == ["cluster.control", "cluster.control.routing", "cluster.control.state"]
+
+
+def test_test_file_basenames_are_unique() -> None:
+    """pytest's default (rootdir) import mode imports test modules by basename when their
+    folders have no `__init__.py`: two `test_metrics.py` under tests/ break collection of the
+    whole suite (it happened in CI). Name a test file after its folder's subject instead."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    clashes = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    assert len(seen) > 100, "found too few test files: is ROOT right?"
+    assert not clashes, "rename one of each (pytest imports test files by basename):\n" + "\n".join(
+        f"{name}: {', '.join(paths)}" for name, paths in sorted(clashes.items())
+    )

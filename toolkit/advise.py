@@ -23,7 +23,7 @@ switch model run on the same workload: the run starts on the run's split and, at
 of the first window, the control plane switches the nodes the gain planner would move
 (cluster.control.planning.candidate_split) in the run's planner's mode (in-place for the
 gain planner, relaunch for dynamo, strand for arrow); the simulator drains them
-(cluster/sim/switching.py). Reported: nodes moved, the requests they were still serving
+(cluster/sim/drain.py). Reported: nodes moved, the requests they were still serving
 (`phase_switches.drained`: they finish in place first), KV blocks lost, switch time
 (decision to the last moved node serving), and the whole run's metrics with that switch
 included. toolkit.advise_windows finds the best split per window, flags
@@ -41,7 +41,7 @@ from typing import Any, NamedTuple, cast
 import numpy as np
 from scipy import stats
 
-from cluster.control.planning import SwitchMode, candidate_split
+from cluster.control import SwitchMode, candidate_split
 from cluster.core import ConfigError
 from cluster.hardware.profiles import HardwareProfile, load_profile
 from cluster.sim.simulator import SimConfig, Simulator

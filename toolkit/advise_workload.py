@@ -35,8 +35,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from cluster.core import ConfigError
-from cluster.sim.config import parse_split
+from cluster.core import ConfigError, parse_split
 from toolkit.queries.run import Run, open_run
 from toolkit.twin_metrics import Timings, compare
 

@@ -43,9 +43,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import polars as pl
 
-from cluster.core import ConfigError
+from cluster.core import ConfigError, parse_split
 from cluster.hardware.profiles import PRESETS, HardwareProfile, from_fit_doc
-from cluster.sim.config import parse_split
 from models.overheads import ServingOverheads
 from toolkit.fit_forms import fit_run_forms
 from toolkit.fitting import FitInputError, RunFit, to_json

@@ -9,7 +9,7 @@ planner's recommendations computed live from the fleet's own fits under GET /v1/
 "shadow" — never acted on: the planner runs in advise mode only, and a phase switch happens
 only when asked (POST /v1/nodes/{id}/phase), only on engines that can switch in place
 (SGLang or pdlab's torch engine with --enable-pd-role-switch), 409 with the reason
-otherwise. Engines come from a fleet file (`cluster/sglang/live/fleet_file.py`) and/or
+otherwise. Engines come from a fleet file (`cluster/live/fleet_file.py`) and/or
 `--engine URL[,key=value...]` (keys: role, kind, kv_events, kv_replay, vllm_steps,
 forward_metrics, metrics_url, block_size, kv_capacity_tokens, node_id).
 """
@@ -30,7 +30,7 @@ from cluster.core import ConfigError
 from toolkit.commands_serve import TOKEN_ENV
 
 if TYPE_CHECKING:
-    from cluster.sglang.live.attached import AttachedFleet
+    from cluster.live.attached import AttachedFleet
 
 console = Console(stderr=True)
 
@@ -71,8 +71,8 @@ def attach_command(
     """Watch a running vLLM/SGLang fleet: collect, fit, recommend (shadow mode), serve the API."""
     import uvicorn
 
-    from cluster.sglang.live.attached import AttachedFleet
-    from cluster.sglang.live.fleet_file import (
+    from cluster.live.attached import AttachedFleet
+    from cluster.live.fleet_file import (
         FleetConfig,
         FleetSettings,
         load_fleet_file,

@@ -69,7 +69,7 @@ def _check_endpoint(value: str | None, option: str) -> None:
 
 def _discover(server: str, node_id: int) -> Any:
     from cluster.core import ConfigError
-    from cluster.sglang.live.cluster_file import discover_engine
+    from cluster.live.cluster_file import discover_engine
 
     try:
         return discover_engine(server, max(node_id, 0))
@@ -204,7 +204,7 @@ def kv_events(
     as_json: bool = typer.Option(False, "--json", help="print a JSON summary on exit"),
 ) -> None:
     """Subscribe to one engine's KV events and write them to the kv_events table."""
-    from cluster.sglang.wire.kv_collector import KVEventCollector
+    from cluster.wire.kv_collector import KVEventCollector
 
     if server is not None:
         spec = _discover(server, node_id)
@@ -285,7 +285,7 @@ def forward_metrics(
     as_json: bool = typer.Option(False, "--json", help="print a JSON summary on exit"),
 ) -> None:
     """Subscribe to SGLang forward-pass metrics; write prefill/decode iteration rows."""
-    from cluster.sglang.wire.fpm_collector import ForwardMetricsCollector
+    from cluster.sglang.fpm_collector import ForwardMetricsCollector
 
     if server is not None:
         connect = connect or _discover(server, node_id).forward_metrics
@@ -359,7 +359,7 @@ def vllm_steps(
     as_json: bool = typer.Option(False, "--json", help="print a JSON summary on exit"),
 ) -> None:
     """Subscribe to pdlab's vLLM stat-logger plugin; write iteration and request rows."""
-    from cluster.sglang.wire.vllm_step_collector import StepEmitter, VLLMStepCollector
+    from cluster.wire.vllm_step_collector import StepEmitter, VLLMStepCollector
 
     _check_endpoint(connect, "--connect")
     _check_endpoint(replay, "--replay")

@@ -234,7 +234,7 @@ def import_command(
     """Fit a pdlab profile from an operator profile (or AIConfigurator's kernel tables) and a model config."""
     from cluster import size_limits as limits
     from cluster.core import ConfigError
-    from cluster.hardware.engine import EngineSettings
+    from cluster.hardware.engine_settings import EngineSettings
     from cluster.hardware.model_shape import ModelShape
     from cluster.hardware.operator_profile import build_profile
     from cluster.hardware.pricer import Parallelism

@@ -1,7 +1,7 @@
 """`pdlab serve --sglang CLUSTER_FILE`: the control server over live SGLang engines (SPEC §6).
 
 The same REST API as the simulated cluster (`pdlab serve`), over the engines of a cluster
-file (`cluster.sglang.live.cluster_file`), plus the data plane on the same port: /generate,
+file (`cluster.live.cluster_file`), plus the data plane on the same port: /generate,
 /v1/completions and /v1/chat/completions (point an OpenAI client's base_url at
 http://HOST:PORT/v1), POST /v1/branches/{id}/finish and GET /health. Collectors write the
 engines' KV events and forward-pass iterations to `--db` (fit them with `pdlab fit`).
@@ -20,7 +20,7 @@ from rich.console import Console
 from cluster.core import ConfigError
 
 if TYPE_CHECKING:
-    from cluster.sglang.live.cluster import SGLangCluster
+    from cluster.live.cluster import SGLangCluster
 
 console = Console(stderr=True)
 
@@ -32,8 +32,8 @@ def create_sglang_app(cluster: SGLangCluster, token: str) -> Any:
     `ClusterEngines`; the app starts it on startup and stops it (closing the telemetry run)
     on shutdown. Data-plane routes need no token; control calls do.
     """
+    from cluster.live.serving import add_data_plane
     from cluster.server import ControlService, ServiceConfig, create_app
-    from cluster.sglang.live.serving import add_data_plane
 
     service = ControlService(cluster, ServiceConfig(flush_every_s=cluster.settings.flush_every_s))
     app = create_app(service, token)
@@ -53,7 +53,7 @@ def serve_sglang(
     """Discover the engines, then serve until Ctrl-C / SIGTERM / SIGHUP (the run is closed)."""
     import uvicorn
 
-    from cluster.sglang.live.cluster import SGLangCluster
+    from cluster.live.cluster import SGLangCluster
     from toolkit.processes import log_to_stderr, serving
 
     log_to_stderr()

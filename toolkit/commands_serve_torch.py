@@ -1,6 +1,6 @@
 """`pdlab serve --engines torch`: a live cluster of torch engine processes (SPEC §6, §9).
 
-The composition root of a live torch cluster: `LaunchedCluster` (cluster.sglang.live.launched)
+The composition root of a live torch cluster: `LaunchedCluster` (cluster.live.launched)
 starts one `pdlab engine` process per node (free ports, one torch thread each, the same
 seeded weights, `--enable-pd-role-switch`, `--parent-pid` of this process), discovers them
 and drives them like SGLang engines behind the control server's REST API and the PD proxy
@@ -33,8 +33,8 @@ from rich.console import Console
 from cluster.core import ConfigError
 
 if TYPE_CHECKING:
-    from cluster.sglang.live.agent_loop import AgentLoop
-    from cluster.sglang.live.launched import LaunchedCluster
+    from cluster.live.agent_loop import AgentLoop
+    from cluster.live.launched import LaunchedCluster
 
 console = Console(stderr=True)
 
@@ -88,11 +88,11 @@ def build_cluster(
     """The `LaunchedCluster` of `opts` (not started; checks every option first). The
     engines' mutating routes take `token` (the server's own; None: a random one), which
     the cluster sends with every engine call."""
+    from cluster.core import parse_split
     from cluster.engines.torch.config import preset
     from cluster.kv.eviction import EVICTION_POLICIES
-    from cluster.sglang.live.cluster_file import ClusterSettings
-    from cluster.sglang.live.launched import EngineLaunch, LaunchedCluster
-    from cluster.sim.config import parse_split
+    from cluster.live.cluster_file import ClusterSettings
+    from cluster.live.launched import EngineLaunch, LaunchedCluster
 
     split = parse_split(opts.split, opts.nodes)
     if split is None:
@@ -132,8 +132,8 @@ def build_agents(
 ) -> AgentLoop:
     """The `AgentLoop` of `opts` against the proxy at `url` (not started)."""
     from cluster.engines.torch.config import preset
-    from cluster.sglang.live.agent_client import TokenMap
-    from cluster.sglang.live.agent_loop import AgentLoop
+    from cluster.live.agent_client import TokenMap
+    from cluster.live.agent_loop import AgentLoop
     from cluster.workloads import make_workload
 
     m = preset(opts.model)

@@ -5,7 +5,7 @@
   (`--gpu-memory-gib`, `--gpu-memory-utilization`, batch limits);
 - the iteration pricer and model shape of a `pdlab profile import` document;
 - the KV capacity per engine: the recorded KV blocks, or, when GPU memory is given or
-  nothing was recorded, vLLM's budget from GPU memory (cluster.hardware.engine);
+  nothing was recorded, vLLM's budget from GPU memory (cluster.hardware.engine_settings);
 - the recorded requests to replay: arrival (engine clock, s since the run's start), input
   and output tokens, the engine (DP rank) that served them, and their measured timestamps.
 It checks that the profile was built for the engine's TP degree, and that it describes the
@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 import polars as pl
 
 from cluster.core import ConfigError
-from cluster.hardware.engine import GIB, EngineSettings, KvCapacity
+from cluster.hardware.engine_settings import GIB, EngineSettings, KvCapacity
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_profile import OperatorProfile
 from cluster.hardware.pricer import IterationPricer

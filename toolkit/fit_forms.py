@@ -8,7 +8,7 @@ rows with the chosen form's coefficients (toolkit.fit_sql.heldout_mape).
 
 Intervals (`ci`):
 - "time" (the default here): buckets are 20 equal time windows of each node's iterations,
-  and models.forms.robust_ci resamples whole windows and pads for the relative-error bias,
+  and models.selection.robust_ci resamples whole windows and pads for the relative-error bias,
   so an interval covers what the form misses (a context mix drifting over the run), not
   only iid noise. On the README's main job the nine identical decode nodes' d2 intervals
   (ctx form) all hold the profile's true d2, where Eq. 2 with row-hash buckets gave nine
@@ -24,18 +24,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
-from models.fitting import FitError, GramStats, bootstrap_ci, fit_from_gram
-from models.forms import (
-    Form,
-    FormChoice,
-    candidates,
-    decode_model,
-    form_by_label,
-    prefill_model,
-    robust_ci,
-    select_form,
-)
+from models.fitting import FitError
+from models.forms import Form, candidates, decode_model, form_by_label, prefill_model
 from models.occupancy import NodeModel
+from models.selection import Candidate, choose_form
 from toolkit.fit_sql import HASH_MOD, PHASE_SQL, Agg, PhaseSql, aggregate, heldout_mape
 from toolkit.fitting import (
     PHASES,
@@ -63,13 +55,6 @@ TIME_BUCKET_SQL = (
     f"- min(t.t_start) OVER (PARTITION BY t.node_id), 0) * {NUM_TIME_BLOCKS}), 0), "
     f"{NUM_TIME_BLOCKS - 1})::BIGINT"
 )
-
-
-def _total(buckets: list[GramStats], p: int) -> GramStats:
-    total = GramStats.zeros(p)
-    for b in buckets:
-        total = total + b
-    return total
 
 
 def form_sql(form: Form, target: str = "wall") -> PhaseSql:
@@ -104,14 +89,6 @@ def form_sql(form: Form, target: str = "wall") -> PhaseSql:
     if form.phase == "decode":
         return base
     raise ValueError(f"{form.label}: mixed iterations are not logged in the SPEC §3 tables")
-
-
-def _ci(
-    agg: Agg, form: Form, coef: tuple[float, ...], method: CiMethod, n: int, seed: int
-) -> tuple[tuple[float, float], ...]:
-    if method == "time":
-        return robust_ci(agg.buckets, form.terms, coef, resamples=n, seed=seed)
-    return bootstrap_ci(agg.buckets, form.terms, resamples=n, seed=seed)
 
 
 def _choose(
@@ -151,27 +128,22 @@ def _choose(
             f"{where}: only {first.num_train} training iterations ({detail}), need at least {need}"
         )
         return PhaseFit(phase, None, first.num_train, first.num_test, message=msg), notes, None
-    scored = [(f, aggs[f.label][node].buckets) for f in forms if node in aggs[f.label]]
-    always = (forms[0].terms[0],)
+    scored = [Candidate(f, aggs[f.label][node].buckets) for f in forms if node in aggs[f.label]]
     try:
-        if len(scored) == 1:
-            only, buckets = scored[0]
-            coef, fixed = fit_from_gram(
-                _total(buckets, len(only.terms)), only.terms, min_samples=need, always=always
-            )
-            choice = FormChoice(only, tuple(float(c) for c in coef), fixed, ())
-        else:
-            choice = select_form(scored, folds=CV_FOLDS, always=always)
+        choice = choose_form(
+            scored,
+            folds=CV_FOLDS,
+            always=(forms[0].terms[0],),
+            interval=None if bootstrap <= 0 else "robust" if ci == "time" else "bootstrap",
+            resamples=bootstrap,
+            seed=seed,
+        )
     except FitError as exc:
         msg = f"{where}: {exc}"
         return PhaseFit(phase, None, first.num_train, first.num_test, message=msg), notes, None
+    if choice.ci_note is not None:
+        notes.append(f"no confidence interval: {choice.ci_note}")
     agg = aggs[choice.form.label][node]
-    interval = None
-    if bootstrap > 0:
-        try:
-            interval = _ci(agg, choice.form, choice.coef, ci, bootstrap, seed)
-        except FitError as exc:
-            notes.append(f"no confidence interval: {exc}")
     cv = tuple((s.form.label, s.cv_rmse) for s in choice.scores)
     fit = PhaseFit(
         phase,
@@ -179,7 +151,7 @@ def _choose(
         agg.num_train,
         agg.num_test,
         None,
-        interval,
+        choice.ci,
         choice.fixed,
         None,
         choice.form.label,

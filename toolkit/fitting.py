@@ -38,7 +38,9 @@ from typing import Any, Literal, NamedTuple, Protocol
 
 import duckdb
 
-from models.fitting import FitError, bootstrap_ci, fit_from_gram
+from models.fitting import FitError
+from models.forms import DECODE_PAPER, PREFILL_PAPER
+from models.selection import Candidate, choose_form
 from telemetry import TelemetryError, open_reader, store
 from telemetry.check import check_connection
 from telemetry.reader import DB_ALIAS
@@ -202,20 +204,20 @@ def _fit_phase(
             detail += f", {agg.num_invalid} excluded"
         msg = f"{where}: only {agg.num_train} training iterations ({detail}), need at least {need}"
         return PhaseFit(phase, None, agg.num_train, agg.num_test, message=msg), notes
+    form = PREFILL_PAPER if phase == "prefill" else DECODE_PAPER  # Eq. 1 / Eq. 2
     try:
-        coef, fixed = fit_from_gram(
-            agg.train(len(spec.terms)), spec.terms, min_samples=need, always=(spec.terms[0],)
+        fit = choose_form(
+            [Candidate(form, agg.buckets)],
+            always=(spec.terms[0],),
+            interval="bootstrap" if bootstrap > 0 else None,
+            resamples=bootstrap,
+            seed=seed,
         )
     except FitError as exc:
         return PhaseFit(phase, None, agg.num_train, agg.num_test, message=f"{where}: {exc}"), notes
-    ci = None
-    if bootstrap > 0:
-        try:
-            ci = bootstrap_ci(agg.buckets, spec.terms, resamples=bootstrap, seed=seed)
-        except FitError as exc:
-            notes.append(f"no confidence interval: {exc}")
-    coefs = tuple(float(c) for c in coef)
-    return PhaseFit(phase, coefs, agg.num_train, agg.num_test, None, ci, fixed), notes
+    if fit.ci_note is not None:
+        notes.append(f"no confidence interval: {fit.ci_note}")
+    return PhaseFit(phase, fit.coef, agg.num_train, agg.num_test, None, fit.ci, fit.fixed), notes
 
 
 def fit_run(

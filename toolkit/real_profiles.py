@@ -46,7 +46,7 @@ def data_dir() -> Path:
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class HardwareProfile:
+class OperatorTimings:
     """Measured per-layer operator times (seconds) of one GPU setup.
 
     prefill_attention: chunk, kv, attn_s | decode_attention: batch_size, kv, attn_s
@@ -103,7 +103,7 @@ def _vidur_attention(path: Path) -> tuple[pl.DataFrame, pl.DataFrame]:
     return pre.sort("chunk", "kv"), dec.sort("batch_size", "kv")
 
 
-def _load_a100(root: Path) -> HardwareProfile:
+def _load_a100(root: Path) -> OperatorTimings:
     pre, dec = _vidur_attention(
         root / "profiles/vidur/a100_attention_llama2-70b-shape_tp2_commit-e2d00e9.csv"
     )
@@ -139,10 +139,10 @@ def _load_a100(root: Path) -> HardwareProfile:
         "O, MLP up/act/down, add; 32 layers; embedding once per iteration",
         "no lm_head / sampling / CPU overheads: not measured for this setup at batch 1-8",
     )
-    return HardwareProfile("a100", 32, pre, dec, linear, None, True, notes)
+    return OperatorTimings("a100", 32, pre, dec, linear, None, True, notes)
 
 
-def _load_h100(root: Path) -> HardwareProfile:
+def _load_h100(root: Path) -> OperatorTimings:
     prof = root / "profiles/llmservingsim_h100"
     stat = ["time_stats.attn_prefill.mean", "time_stats.attn_decode.mean"]
     raw = _read(
@@ -191,7 +191,7 @@ def _load_h100(root: Path) -> HardwareProfile:
         "decode attention is flagged inconsistent by its source (time falls as the batch grows "
         "at fixed KV); reported, not asserted",
     )
-    return HardwareProfile(
+    return OperatorTimings(
         "h100",
         80,
         pre.sort("chunk", "kv"),
@@ -203,11 +203,11 @@ def _load_h100(root: Path) -> HardwareProfile:
     )
 
 
-PROFILES: dict[str, Callable[[Path], HardwareProfile]] = {"a100": _load_a100, "h100": _load_h100}
+PROFILES: dict[str, Callable[[Path], OperatorTimings]] = {"a100": _load_a100, "h100": _load_h100}
 PROFILE_DIRS = {"a100": "profiles/vidur", "h100": "profiles/llmservingsim_h100"}  # under a root
 
 
-def load_profile(name: str, root: Path | None = None) -> HardwareProfile:
+def load_profile(name: str, root: Path | None = None) -> OperatorTimings:
     if name not in PROFILES:
         raise KeyError(f"unknown hardware profile {name!r}; profiles: {', '.join(PROFILES)}")
     return PROFILES[name](root or data.data_root(PROFILE_DIRS[name]))
@@ -221,7 +221,7 @@ def _lookup(table: pl.DataFrame, col: str, tokens: np.ndarray) -> np.ndarray:
 
 
 def compose_prefill(
-    profile: HardwareProfile, num_batches: int | None = None, seed: int = 0
+    profile: OperatorTimings, num_batches: int | None = None, seed: int = 0
 ) -> pl.DataFrame:
     """Per-iteration prefill times: every measured single-request point and `num_batches`
     batches of 2-8 requests (default: as many as singles). Columns: kind, num_reqs, t_uc,
@@ -281,7 +281,7 @@ def compose_prefill(
     )
 
 
-def compose_decode(profile: HardwareProfile) -> pl.DataFrame:
+def compose_decode(profile: OperatorTimings) -> pl.DataFrame:
     """Per-iteration decode times at every measured (B, kv) whose B is a measured linear
     token count. Columns: batch_size, kv, t_fwd, duration_s."""
     att = profile.decode_attention.filter(

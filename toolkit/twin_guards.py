@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from cluster.core import ConfigError
-from cluster.hardware.engine import EngineSettings
+from cluster.hardware.engine_settings import EngineSettings
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_profile import OperatorProfile
 

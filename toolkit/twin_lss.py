@@ -21,7 +21,7 @@ import json
 from typing import Any, NamedTuple
 
 from cluster.core import ConfigError
-from cluster.hardware.engine import EngineSettings, KvCapacity
+from cluster.hardware.engine_settings import EngineSettings, KvCapacity
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_profile import OperatorProfile
 from cluster.hardware.pricer import IterationPricer

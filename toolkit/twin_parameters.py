@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from cluster.core import ConfigError
-from cluster.hardware.engine import EngineSettings, KvCapacity
+from cluster.hardware.engine_settings import EngineSettings, KvCapacity
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.pricer import IterationPricer
 from cluster.hardware.profile_error import kernel_gap_s, moe_composed, with_moe_scaled

@@ -32,10 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from cluster.control.routing import ROUTERS
-from cluster.core import ConfigError, NullSink
+from cluster.control import ROUTERS
+from cluster.core import ConfigError, NullSink, parse_split
 from cluster.hardware.profiles import load_profile
-from cluster.sim.config import parse_split
 from cluster.sim.simulator import SimConfig, Simulator
 from cluster.size_limits import SIM_SECONDS
 from toolkit.twin import TwinResult

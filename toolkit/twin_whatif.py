@@ -25,7 +25,7 @@ import numpy as np
 
 from cluster import size_limits as limits
 from cluster.core import ConfigError
-from cluster.hardware.engine import GIB, EngineSettings
+from cluster.hardware.engine_settings import GIB, EngineSettings
 from cluster.hardware.pricer import IterationPricer
 from cluster.sim.engine_model import replay
 from toolkit.twin import TwinResult, sim_timings

@@ -2,7 +2,7 @@
 
 vLLM V1 (`vllm/v1/metrics/loggers.py`) hands every stat logger the scheduler and iteration
 stats of each engine step. `PdlabStatLogger` copies them into a `VLLMStep`
-(`cluster.sglang.wire.vllm_steps`) and either publishes it over ZMQ ([topic, seq (8-byte
+(`cluster.wire.vllm_steps`) and either publishes it over ZMQ ([topic, seq (8-byte
 big-endian), msgpack]; collect with `pdlab collect vllm-steps`) or writes the rows itself
 (`prefill_iterations`, `decode_iterations`, `requests` of a DuckDB run, source 'vllm').
 
@@ -34,8 +34,8 @@ import threading
 import time
 from typing import Any
 
-from cluster.sglang.wire.vllm_step_collector import StepEmitter
-from cluster.sglang.wire.vllm_steps import STEPS_TOPIC, encode_step, step_from_stats
+from cluster.wire.vllm_step_collector import StepEmitter
+from cluster.wire.vllm_steps import STEPS_TOPIC, encode_step, step_from_stats
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class _Outputs:
         self.lock = threading.Lock()
         self._nodes: set[int] = set()
         if steps:
-            from cluster.sglang.wire.publisher import ZmqBatchPublisher
+            from cluster.wire.publisher import ZmqBatchPublisher
 
             self.publisher = ZmqBatchPublisher(
                 steps, replay_endpoint=replay, topic=STEPS_TOPIC, replay_style="vllm"

@@ -11,7 +11,7 @@ Two protocols, one per direction of a live cluster:
   completed requests (for the rolling latency).
 
 Implementations: the simulator paced to wall-clock time (`cluster.sim.paced`) and live
-SGLang engines (`cluster.sglang.live.cluster`); the server (`cluster.server`) knows only
+SGLang engines (`cluster.live.cluster`); the server (`cluster.server`) knows only
 these protocols, and the CLI (`pdlab serve`) wires one implementation in.
 """
 

@@ -45,7 +45,7 @@ import numpy as np
 
 from cluster.core import ConfigError
 from cluster.hardware.aiconfigurator_db import KernelDatabase
-from cluster.hardware.engine import EngineSettings
+from cluster.hardware.engine_settings import EngineSettings
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_tables import OperatorTables, Table1D
 from cluster.hardware.pricer import Parallelism

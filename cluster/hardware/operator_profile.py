@@ -11,7 +11,7 @@ prefill chunks, pure decode batches and mixed iterations (a chunk with decodes).
 phase's candidate forms (models.forms) are scored by 5-fold cross-validation over random
 point buckets; the simplest within one standard error of the best is chosen. Per form it
 reports the coefficients, robust 95% intervals (a cluster bootstrap over the grid's chunk
-sizes or batch sizes, models.forms.robust_ci) and held-out MAPE (every point predicted by
+sizes or batch sizes, models.selection.robust_ci) and held-out MAPE (every point predicted by
 a fit that did not see it).
 
 A bundle calibrated in situ on a recorded run (`calibration.json` beside the tables, as
@@ -36,13 +36,14 @@ import numpy.typing as npt
 
 from cluster.core import ConfigError
 from cluster.hardware.attention_kernel import flash_attention_version
-from cluster.hardware.engine import EngineSettings
+from cluster.hardware.engine_settings import EngineSettings
 from cluster.hardware.layer_tables import is_layers_layout, load_layer_tables
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_tables import OperatorTables
 from cluster.hardware.pricer import IterationPricer, Parallelism
 from models.fitting import FitError, GramStats, fit_from_gram, mape
-from models.forms import Form, Phase, candidates, form_by_label, robust_ci, select_form
+from models.forms import Form, Phase, candidates, form_by_label
+from models.selection import Candidate, choose_form
 from models.work import attn_pairs
 
 FORMAT = "pdlab-operator-profile"
@@ -249,40 +250,45 @@ def fit_phase(
     shape: ModelShape,
     seed: int = 0,
 ) -> PhaseFits:
-    """Fit every candidate form of a phase; choose by CV (models.forms.select_form)."""
+    """Fit every candidate form of a phase; choose by CV (models.selection.choose_form),
+    refitted on every point, with intervals from resampling the grid's clusters."""
     rng = np.random.default_rng(seed)
     fold_of = rng.permutation(len(y)) % NUM_BUCKETS
     _, cl = np.unique(cluster, return_inverse=True)
     k, e = shape.top_k, shape.num_experts
     designs = {f.label: (f, f.design(rows, k, e)) for f in candidates(phase, "auto")}
-    scored = [(f, _buckets(x, y, fold_of)) for f, x in designs.values()]
+
+    def candidate(form: Form, x: FloatArray) -> Candidate:
+        # The interval's clusters are bucketed only for the forms reported.
+        folds = _buckets(x, y, fold_of)
+        return Candidate(form, folds, GramStats.from_rows(x, y), lambda: _buckets(x, y, cl))
+
+    scored = [candidate(f, x) for f, x in designs.values()]
     always = ("c0", "d0", "m0")  # every form keeps its constant
-    choice = select_form(scored, folds=FOLDS, always=always)
+    choice = choose_form(scored, folds=FOLDS, always=always, interval="robust")
     scores = {s.form.label: s for s in choice.scores}
     forms: dict[str, FormFit] = {}
-    for label, (form, x) in designs.items():
+    for c in scored:
+        label = c.form.label
         if label not in scores or (label != "paper" and label != choice.form.label):
             continue  # scored, not reported: only the paper form and the chosen one
         try:
-            coef, _ = fit_from_gram(GramStats.from_rows(x, y), form.terms, always=always)
+            fit = (
+                choice
+                if label == choice.form.label
+                else choose_form([c], always=always, interval="robust")
+            )
         except FitError:
             continue
         forms[label] = FormFit(
             label,
-            form.terms,
-            tuple(float(c) for c in coef),
-            _cluster_ci(form, x, y, cl, coef),
-            _heldout_mape(form, x, y, fold_of, always),
+            c.form.terms,
+            fit.coef,
+            fit.ci,
+            _heldout_mape(c.form, designs[label][1], y, fold_of, always),
             scores[label].cv_rmse,
         )
     return PhaseFits(phase, len(y), choice.form.label, forms)
-
-
-def _cluster_ci(form: Form, x: FloatArray, y: FloatArray, cl: Any, coef: Any) -> Any:
-    try:
-        return robust_ci(_buckets(x, y, cl), form.terms, tuple(coef), resamples=200, seed=0)
-    except FitError:
-        return None
 
 
 def _heldout_mape(

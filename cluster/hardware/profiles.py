@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from cluster.core import ConfigError
-from cluster.hardware.engine import EngineSettings
+from cluster.hardware.engine_settings import EngineSettings
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_profile import FORMAT as OPERATOR_FORMAT
 from cluster.hardware.operator_profile import OperatorProfile

@@ -23,8 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, cast
 
-from cluster.control.routing import local_decision
-from cluster.control.state import ClusterView, RouteDecision, RouteRequest
+from cluster.control import ClusterView, RouteDecision, RouteRequest, local_decision
 from cluster.core import ConfigError, Registry
 from cluster.policies.errors import PolicyError
 from cluster.policies.pcb import ProgramControlBlock, Signals

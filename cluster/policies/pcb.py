@@ -2,17 +2,22 @@
 
 A PCB holds exactly the non-anticipatory state x_p(t) of one program: identity, position,
 attained service A_p (Eq. 3), prior placement, KV residency and protection, tool state and
-context length. The simulator updates it at call release, call completion and
-memory-pressure events; future output lengths, tool durations and the program's remaining
-turns are never stored in it (the simulator keeps the `Program` elsewhere). The tool *name*
-of a gap is revealed when the call that requested the tool completes (the model's output
-names it); its duration is revealed only when the successor is released.
+context length. The simulator updates it once per event, through the PCB's own event
+methods: `record_release` (call release r_{p,k}), `record_prefill_start`,
+`record_preemption`, `record_completion` (call completion c_{p,k}, with the KV it leaves
+cached), `record_retention` (a retention decision applied to that KV), `record_eviction`
+(memory pressure reclaimed some of it) and `record_finish`. Future
+output lengths, tool durations and the program's remaining turns are never stored in it
+(the simulator keeps the `Program` elsewhere). The tool *name* of a gap is revealed when the
+call that requested the tool completes (the model's output names it); its duration is
+revealed only when the successor is released.
 
 Policies receive the PCB itself, which is read-only to them: reading any name outside
 `PCB_FIELDS` (e.g. `output_tokens`, `program`, `next_turn`) raises `PolicyError` naming the
-attribute and listing what is allowed, and assignment raises too. `Signals` is the same
-for the deployable system signals s(t): the time, per-node KV utilization and in-flight
-calls, and static engine facts (chunk budget, prefill cost per token).
+attribute and listing what is allowed, and assignment raises too (the event methods are
+the simulator's; a policy returns a decision instead). `Signals` is the same for the
+deployable system signals s(t): the time, per-node KV utilization and in-flight calls, and
+static engine facts (chunk budget, prefill cost per token).
 """
 
 from __future__ import annotations
@@ -87,6 +92,97 @@ class ProgramControlBlock:
         w(self, "last_completion_s", None)
         w(self, "finished", False)
 
+    # ---- the simulator's updates: one call per event (module docstring) ---------------------
+    def record_release(self, now: float, context_tokens: int, branch_id: str) -> None:
+        """Call release r_{p,k} on `branch_id`: one more call in flight, the tool gap over."""
+        branches = self.branch_ids
+        if branch_id not in branches:
+            branches = (*branches, branch_id)
+        w = object.__setattr__
+        w(self, "turns_released", self.turns_released + 1)
+        w(self, "context_tokens", context_tokens)
+        w(self, "last_release_s", now)
+        w(self, "in_tool", False)
+        w(self, "calls_in_flight", self.calls_in_flight + 1)
+        w(self, "branch_ids", branches)
+        w(self, "branch_id", branch_id)
+
+    def record_prefill_start(self, node: int) -> None:
+        """A call's first prefill chunk started on `node` (prior placement)."""
+        object.__setattr__(self, "last_prefill_node", node)
+
+    def record_preemption(self) -> None:
+        """A call was preempted (recompute): it will be prefilled again."""
+        object.__setattr__(self, "preemptions", self.preemptions + 1)
+
+    def record_completion(
+        self,
+        now: float,
+        service_s: float,
+        decode_node: int,
+        context_tokens: int,
+        tool_name: str | None,
+        branch_id: str,
+        *,
+        branch_done: bool,
+        program_done: bool,
+        kv_resident_tokens: int | None = None,
+        kv_resident: bool = False,
+    ) -> None:
+        """Call completion c_{p,k}: `service_s` (C_{p,k}) joins A_p (Eq. 3), the program's
+        context (input + output) is on `decode_node`, the output names the next tool (its
+        duration stays hidden); `branch_done` ends the branch. With `kv_resident_tokens`
+        (KV followed per branch) the cached prefix of that context there, and whether it is
+        all of it (`kv_resident`)."""
+        branches = self.branch_ids
+        if branch_done or program_done:
+            branches = tuple(b for b in branches if b != branch_id)
+        in_flight = self.calls_in_flight - 1
+        w = object.__setattr__
+        w(self, "turns_completed", self.turns_completed + 1)
+        w(self, "attained_service_s", self.attained_service_s + service_s)
+        w(self, "last_decode_node", decode_node)
+        w(self, "kv_node", decode_node)
+        w(self, "context_tokens", context_tokens)
+        w(self, "tool_name", tool_name)
+        w(self, "tool_started_s", now)
+        w(self, "calls_in_flight", in_flight)
+        w(self, "in_tool", in_flight == 0 and not program_done)
+        w(self, "last_completion_s", now)
+        w(self, "branch_ids", branches)
+        w(self, "branch_id", branch_id)
+        if kv_resident_tokens is not None:
+            w(self, "kv_resident", kv_resident)
+            w(self, "kv_resident_tokens", kv_resident_tokens)
+
+    def record_retention(
+        self,
+        until: float | None,
+        value: float | None,
+        evicted_to_tokens: int | None = None,
+    ) -> None:
+        """A retention decision was applied to the program's KV: protected until `until`
+        with value `value` (None: not protected), or, with `evicted_to_tokens`, evicted
+        (what stays cached of the current context, in tokens)."""
+        w = object.__setattr__
+        w(self, "kv_protected", until is not None)
+        w(self, "kv_protected_until", until)
+        w(self, "kv_value", value)
+        if evicted_to_tokens is not None:
+            w(self, "kv_resident", False)
+            w(self, "kv_resident_tokens", evicted_to_tokens)
+
+    def record_eviction(self) -> None:
+        """Memory pressure reclaimed a block of the program's KV: no longer all resident."""
+        object.__setattr__(self, "kv_resident", False)
+
+    def record_finish(self) -> None:
+        """Every call completed: no tool gap, no branch left."""
+        w = object.__setattr__
+        w(self, "finished", True)
+        w(self, "in_tool", False)
+        w(self, "branch_ids", ())
+
     def gap_elapsed_s(self, now: float) -> float | None:
         """Seconds since the program's last call completed (the tool gap so far, or the
         whole gap when asked at the successor's release); None before any completion."""
@@ -119,7 +215,8 @@ class ProgramControlBlock:
 
 
 def write_pcb(pcb: ProgramControlBlock, **fields: Any) -> None:
-    """The simulator's update path (release, completion, memory pressure); not for policies."""
+    """Set fields of a PCB directly: a PCB in a given state for tests and tools. The
+    simulator updates PCBs through their event methods; policies never write."""
     w = object.__setattr__
     for name, value in fields.items():
         w(pcb, name, value)

@@ -34,7 +34,7 @@ from fastapi_offline import FastAPIOffline
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.routing import BaseRoute
 
-from cluster.control.bounds import COPY_PRICE_S_PER_TOKEN, SLICES, WINDOW_S, Range
+from cluster.control import COPY_PRICE_S_PER_TOKEN, SLICES, WINDOW_S, Range
 from cluster.server.errors import ApiError, clip
 from cluster.server.guard import MAX_BODY_BYTES, RequestGuard, token_problem
 from cluster.server.metrics import CONTENT_TYPE, make_registry, render

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from cluster.control.engines import CompletedRequest
+from cluster.control import CompletedRequest
 
 TIMELINE_COLUMNS = (
     "t", "prefill", "decode", "ttft_p50_s", "ttft_p95_s", "e2e_p50_s", "throughput_rps", "queued",

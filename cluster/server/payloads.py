@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from cluster.control.control_plane import ControlPlane, PendingSwitch
-from cluster.control.engines import NodeStatus
-from cluster.control.planning import PlannerDecision
-from cluster.control.routing import ROUTERS
-from cluster.control.snapshots import BranchInfo
+from cluster.control import (
+    ROUTERS,
+    BranchInfo,
+    ControlPlane,
+    NodeStatus,
+    PendingSwitch,
+    PlannerDecision,
+)
 from cluster.server.latency import num
 
 

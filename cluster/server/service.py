@@ -32,9 +32,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from cluster.control.control_plane import ControlPlane, SwitchError
-from cluster.control.engines import ClusterEngines
-from cluster.control.lock import ContendedRLock
+from cluster.control import ClusterEngines, ContendedRLock, ControlPlane, SwitchError
 from cluster.core import ConfigError
 from cluster.server.errors import (
     ConflictError,

@@ -1,10 +1,17 @@
-"""SGLang (and vLLM) engines under pdlab (SPEC §6), in two parts.
+"""SGLang's own formats (SPEC §6), re-declared from its sources; nothing here imports sglang.
 
-- `cluster.sglang.wire`: SGLang's wire formats re-declared from its sources (KV events,
-  forward-pass metrics, HTTP payloads), the ZMQ publisher/subscriber and the collectors that
-  write those streams to DuckDB. Nothing there imports sglang, the control plane or a server.
-- `cluster.sglang.live`: the live adapter: a PD cluster of SGLang-speaking engines under the
-  control plane (engine discovery, the data-plane proxy, role switches, online refits).
+- `fpm`, `fpm_collector`: SGLang's forward-pass metrics and their collector into
+  `prefill_iterations` / `decode_iterations`;
+- `payloads`: SGLang's response payloads as the PD proxy reads them;
+- `stamps`: the `*_ts` stage stamps of SGLang's answers.
 
-The protocol-faithful stand-in engine used by tests and demos is `cluster.engines.standin`.
+What SGLang shares with vLLM and pdlab's engines lives below (`cluster.wire`: KV events,
+the ZMQ publisher/subscriber, vLLM's step stream); the live clusters of engines that speak
+SGLang's HTTP subset (SGLang, the torch engine, the stand-in) live in `cluster.live`, the
+engines in `cluster.engines`.
 """
+
+from cluster.sglang.fpm import ForwardPassMetrics, decode_fpm, encode_fpm
+from cluster.sglang.fpm_collector import ForwardMetricsCollector
+
+__all__ = ["ForwardMetricsCollector", "ForwardPassMetrics", "decode_fpm", "encode_fpm"]

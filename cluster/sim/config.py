@@ -1,4 +1,5 @@
-"""Simulation configuration: `SimConfig`, split parsing, policy references (SPEC §5, §7)."""
+"""Simulation configuration: `SimConfig` and policy references (SPEC §5, §7); `parse_split`
+(cluster.core) stays importable from here."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cluster import size_limits as limits
-from cluster.core import ConfigError
-from cluster.hardware.engine import GIB, EngineSettings
+from cluster.core import ConfigError, parse_split
+from cluster.hardware.engine_settings import GIB, EngineSettings
 from cluster.hardware.profiles import HardwareProfile
 from cluster.kv.eviction import EVICTION_POLICIES
 from cluster.policies.guard import DEFAULT_HOOK_BUDGET_S
@@ -45,23 +46,6 @@ class PolicyRef(str):
 
 def _policy_ref(label: str, obj: Any) -> PolicyRef:
     return PolicyRef("", obj)
-
-
-def parse_split(split: str, nodes: int) -> tuple[int, int] | None:
-    """'4P5D' -> (4, 5); 'collocated' -> None. Errors name what is allowed."""
-    if split == "collocated":
-        return None
-    s = split.upper()
-    try:
-        p_str, d_str = s.rstrip("D").split("P")
-        p, d = int(p_str), int(d_str)
-    except ValueError:
-        raise ConfigError(f"split must look like 4P5D or be 'collocated', got {split!r}") from None
-    if p < 1 or d < 1 or p + d != nodes:
-        raise ConfigError(
-            f"split {split} needs >= 1 prefill and >= 1 decode node summing to --nodes {nodes}"
-        )
-    return p, d
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,7 +239,7 @@ def engine_profile(cfg: SimConfig, profile: HardwareProfile) -> tuple[HardwarePr
     """The profile with the config's engine limits applied, and where its GPU KV capacity
     comes from: `max_num_seqs` caps the decode batch, `max_num_batched_tokens` is the
     prefill chunk budget, and `gpu_memory_gib` sizes the GPU KV per node as
-    `cluster.hardware.engine.EngineSettings.kv_capacity` does (weights and KV bytes per
+    `cluster.hardware.engine_settings.EngineSettings.kv_capacity` does (weights and KV bytes per
     token from the profile's model; host KV then 4x GPU unless `l2_tokens` is given).
     Without limits the profile is returned unchanged."""
     if not cfg.engine_limits:

@@ -21,7 +21,7 @@ from operator import mul, sub
 
 import numpy as np
 
-from cluster.control.state import NodeReport
+from cluster.control import NodeReport
 from cluster.hardware.pricer import IterationPricer
 from cluster.hardware.profiles import HardwareProfile
 from cluster.sim.buffer import BufferedSink
@@ -34,7 +34,7 @@ from models.overheads import OverheadSampler
 
 
 class DecodeStage:
-    """Decode epochs of every node. Wired by `cluster.sim.engine.NodeEngine`: `report`
+    """Decode epochs of every node. Wired by `cluster.sim.node_engine.NodeEngine`: `report`
     takes the node's state report at each epoch launch, `done(node, req)` when a
     request's last token is out, `preempt(node, req)` for a call the
     memory gives up, `schedule(node)` after each epoch, and

@@ -208,7 +208,6 @@ class ProgramRun:
         "outputs_added",
         "pcb",
         "pending",
-        "preemptions",
         "program",
         "snapshots",
         "succ",
@@ -225,7 +224,6 @@ class ProgramRun:
         # Retention Plane: branch -> (nodes, block path) of its latest completed call.
         self.kv_paths: dict[str, tuple[tuple[int, ...], list[int]]] = {}
         self.outputs_added: set[int] = set()  # turns whose output is already in the context
-        self.preemptions = 0
         turns = program.turns
         n = len(turns)
         self.succ: Sequence[Sequence[int]]
@@ -250,6 +248,11 @@ class ProgramRun:
         self.snapshots: dict[int, ContextHasher] = {}  # fork parents: context incl. output
         self.out_node: dict[int, int] = {}  # turn -> decode node that produced its output
         self.finish_t: float | None = None
+
+    @property
+    def preemptions(self) -> int:
+        """Times a call of the program was preempted (its PCB counts them)."""
+        return self.pcb.preemptions
 
     def drop_turn_state(self) -> None:
         """The program finished: free what only its turns' releases read (contexts, counts,

@@ -35,7 +35,7 @@ from cluster.sim.prefill import Chunk, PrefillStage, sums
 
 class MixedStage:
     """Mixed iterations of collocated nodes (module docstring), built by
-    `cluster.sim.engine.NodeEngine` over its prefill and decode stages, whose callbacks
+    `cluster.sim.node_engine.NodeEngine` over its prefill and decode stages, whose callbacks
     (`finished`, `done`, `preempt`, `schedule`, the fit's) it uses."""
 
     def __init__(

@@ -4,14 +4,14 @@ Every node can serve either phase (symmetric engines). A `SimNode` holds what it
 works on: the prefill queue (routed, not started), the requests in chunked prefill, the
 requests whose KV arrived and wait for the next decode iteration, the decode batch and its
 running epoch, and the state of a phase switch in progress. Its KV lives behind the
-`NodeMemory` protocol (`memory`), tiered or unified. `cluster.sim.engine` drives it.
+`NodeMemory` protocol (`memory`), tiered or unified. `cluster.sim.node_engine` drives it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from cluster.control.state import NodeReport, QueuedWork
+from cluster.control import NodeReport, QueuedWork
 from cluster.core import BlockHash, Phase
 from cluster.sim.entities import DecodeEpoch, SimRequest
 from cluster.sim.memory import NodeMemory

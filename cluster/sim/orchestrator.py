@@ -19,16 +19,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Literal
 
-from cluster.control.control_plane import ControlPlane
-from cluster.control.state import RouteRequest
+from cluster.control import ControlPlane, RouteRequest
 from cluster.hardware.profiles import HardwareProfile
 from cluster.sim.buffer import BufferedSink
 from cluster.sim.config import SimConfig
 from cluster.sim.contexts import Contexts
-from cluster.sim.engine import NodeEngine
 from cluster.sim.entities import ProgramRun, SimRequest, branch_key
 from cluster.sim.kernel import ARRIVAL, RELEASE, EventKernel
 from cluster.sim.metrics import TraceReplay
+from cluster.sim.node_engine import NodeEngine
 from cluster.sim.planes import PolicyPlanes
 from cluster.workloads.loops import AdmissionQueue, OpenLoop
 from cluster.workloads.program import Program
@@ -272,10 +271,9 @@ class ProgramOrchestrator:
         # finished requests stay for the summary, and a long run holds hundreds of thousands.
         req.path = []
         if run.done_turns == len(turns):
-            branches = self.cp.branches.branches
             for b in list(run.branch_ctx):
                 key = branch_key(run.program.program_id, b)
-                if key in branches:
+                if self.cp.has_branch(key):
                     self.cp.on_branch_finish(key, now)
             self._program_done(run)
 

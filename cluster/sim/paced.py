@@ -36,9 +36,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cluster.control.control_plane import ControlPlane
-from cluster.control.engines import CompletedRequest, NodeStatus, RequestListener
-from cluster.control.planner_driver import PLANNER_MODES
+from cluster.control import (
+    PLANNER_MODES,
+    CompletedRequest,
+    ControlPlane,
+    NodeStatus,
+    RequestListener,
+)
 from cluster.core import ConfigError, TelemetrySink, tee
 from cluster.sim.config import SimConfig
 from cluster.sim.runner import config_dict, register_nodes

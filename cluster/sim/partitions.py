@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from cluster.core import ConfigError, tune_gc
+from cluster.core import ConfigError, parse_split, tune_gc
 from cluster.sim.ray_runtime import run_tasks
-from cluster.sim.simulator import SimConfig, Simulator, parse_split
+from cluster.sim.simulator import SimConfig, Simulator
 from cluster.workloads import trace_last_arrival_s
 
 BACKENDS = ("local", "ray")

@@ -1,7 +1,9 @@
 """The program-level policy planes inside the simulator (paper 003 §3.1-3.4).
 
-Every program has a Program Control Block, updated at call release r_{p,k}, call
-completion c_{p,k} and memory-pressure events (§3.2). At release the Dispatch Plane
+Every program has a Program Control Block, updated once per event through its own methods
+(§3.2): here at call release r_{p,k}, call completion c_{p,k}, retention decisions,
+memory-pressure evictions and the program's end; the engine records prefill starts and
+preemptions on the request's PCB where they happen. At release the Dispatch Plane
 assigns the call a priority q (node queues and decode admission follow it; FCFS keeps the
 historical FIFO) and optionally routes it (§3.3, `DispatchRouter`); at completion the
 Retention Plane decides what happens to the program's KV across the tool gap (protect
@@ -12,13 +14,11 @@ utilization), never the hidden output lengths or tool durations.
 
 from __future__ import annotations
 
-from typing import Any
-
 from cluster.core import BlockHash
 from cluster.hardware.profiles import HardwareProfile
 from cluster.policies.dispatch import DispatchRouter
 from cluster.policies.loader import LoadedPolicy
-from cluster.policies.pcb import ProgramControlBlock, Signals, write_pcb
+from cluster.policies.pcb import ProgramControlBlock, Signals
 from cluster.policies.retention import RELEASE, RetentionDecision, normalize_decision
 from cluster.policies.scheduling import check_priority
 from cluster.sim.contexts import Contexts
@@ -101,7 +101,7 @@ class PolicyPlanes:
 
     def on_program_done(self, run: ProgramRun) -> None:
         pcb = run.pcb
-        write_pcb(pcb, finished=True, in_tool=False, branch_ids=())
+        pcb.record_finish()
         if self.retention is not None:
             # A finished program's protection lapses (the harness ends the session).
             for nodes, path in run.kv_paths.values():
@@ -115,19 +115,7 @@ class PolicyPlanes:
         """PCB at release r_{p,k}; the retention arrival hook; the call's priority q."""
         pcb = run.pcb
         now = self.kernel.now
-        branches = pcb.branch_ids
-        if turn.branch_id not in branches:
-            branches = (*branches, turn.branch_id)
-        write_pcb(
-            pcb,
-            turns_released=pcb.turns_released + 1,
-            context_tokens=req.t_in,
-            last_release_s=now,
-            in_tool=False,
-            calls_in_flight=pcb.calls_in_flight + 1,
-            branch_ids=branches,
-            branch_id=turn.branch_id,
-        )
+        pcb.record_release(now, req.t_in, turn.branch_id)
         if self.retention is not None:
             decision = self._retention_hook("on_turn_arrival", pcb, req.request_id, pcb.kv_node)
             kv = run.kv_paths.get(turn.branch_id)
@@ -140,19 +128,11 @@ class PolicyPlanes:
             sched.instance.signals = self.signals(None)
         req.priority = check_priority(sched.hooks["priority"](pcb, now), sched.name)
 
-    def on_prefill_start(self, req: SimRequest, node_id: int) -> None:
-        write_pcb(req.run.pcb, last_prefill_node=node_id)
-
-    def on_preempted(self, req: SimRequest) -> None:
-        run = req.run
-        run.preemptions += 1
-        write_pcb(run.pcb, preemptions=run.preemptions)
-
     def on_owner_evicted(self, uid: int, h: BlockHash) -> None:
         """Memory pressure reclaimed a block a program decided on: update its PCB."""
         run = self.runs.get(uid)
         if run is not None and run.pcb.kv_resident:
-            write_pcb(run.pcb, kv_resident=False)
+            run.pcb.record_eviction()
 
     def on_complete(self, run: ProgramRun, req: SimRequest, turn: Turn) -> None:
         """PCB at completion c_{p,k}; the program's KV enters the cache with the output;
@@ -162,39 +142,32 @@ class PolicyPlanes:
         pcb = run.pcb
         succ = run.succ[i]
         done = run.done_turns == len(run.program.turns)
-        branches = pcb.branch_ids
-        if turn.finishes_branch or done:
-            branches = tuple(b for b in branches if b != turn.branch_id)
         assert req.t_prefill_start is not None
-        in_flight = pcb.calls_in_flight - 1
-        write_pcb(
-            pcb,
-            turns_completed=pcb.turns_completed + 1,
-            attained_service_s=pcb.attained_service_s + (now - req.t_prefill_start),
-            last_decode_node=req.decode_node,
-            kv_node=req.decode_node,
-            context_tokens=req.t_in + req.t_out,
+        resident: int | None = None
+        if self.track_kv:
+            path = list(self.contexts.with_output(run, i).hashes)
+            nodes = (
+                (req.decode_node,)
+                if req.decode_node == req.prefill_node
+                else (req.prefill_node, req.decode_node)
+            )
+            run.kv_paths[turn.branch_id] = (nodes, path)
+            resident = self.nodes[req.decode_node].memory.host_prefix(path)
+        pcb.record_completion(
+            now,
+            now - req.t_prefill_start,
+            req.decode_node,
+            req.t_in + req.t_out,
             # The output names the requested tool; how long it will run stays hidden.
-            tool_name=run.program.turns[succ[0]].tool if succ else None,
-            tool_started_s=now,
-            calls_in_flight=in_flight,
-            in_tool=in_flight == 0 and not done,
-            last_completion_s=now,
-            branch_ids=branches,
-            branch_id=turn.branch_id,
-            preemptions=run.preemptions,
+            run.program.turns[succ[0]].tool if succ else None,
+            turn.branch_id,
+            branch_done=turn.finishes_branch,
+            program_done=done,
+            kv_resident_tokens=None if resident is None else resident * self.bt,
+            kv_resident=resident is not None and resident == len(path),
         )
-        if not self.track_kv:
+        if resident is None:
             return
-        path = list(self.contexts.with_output(run, i).hashes)
-        nodes = (
-            (req.decode_node,)
-            if req.decode_node == req.prefill_node
-            else (req.prefill_node, req.decode_node)
-        )
-        run.kv_paths[turn.branch_id] = (nodes, path)
-        resident = self.nodes[req.decode_node].memory.host_prefix(path)
-        write_pcb(pcb, kv_resident=resident == len(path), kv_resident_tokens=resident * self.bt)
         if self.retention is not None and not done:
             decision = self._retention_hook(
                 "on_turn_complete", pcb, req.request_id, req.decode_node
@@ -223,14 +196,11 @@ class PolicyPlanes:
         for n in nodes:
             self.nodes[n].memory.retain(path, run.uid, dec, now)
         protected = dec.kind == "protect" and dec.until > now  # type: ignore[operator]
-        fields: dict[str, Any] = {
-            "kv_protected": protected,
-            "kv_protected_until": dec.until if protected else None,
-            "kv_value": dec.value if protected else None,
-        }
-        if dec.kind == "evict":
-            fields.update(kv_resident=False, kv_resident_tokens=self._resident_tokens(run))
-        write_pcb(run.pcb, **fields)
+        run.pcb.record_retention(
+            dec.until if protected else None,
+            dec.value if protected else None,
+            self._resident_tokens(run) if dec.kind == "evict" else None,
+        )
 
     def _resident_tokens(self, run: ProgramRun) -> int:
         pcb = run.pcb

@@ -22,8 +22,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from cluster.control.control_plane import ControlPlane
-from cluster.control.state import RouteRequest
+from cluster.control import ControlPlane, RouteRequest
 from cluster.hardware.pricer import IterationPricer
 from cluster.hardware.profiles import HardwareProfile
 from cluster.sim.buffer import BufferedSink
@@ -49,10 +48,10 @@ def sums(batch: list[Chunk]) -> tuple[int, float, int, int]:
 
 
 class PrefillStage:
-    """Prefill iterations of every node. Wired by `cluster.sim.engine.NodeEngine`:
+    """Prefill iterations of every node. Wired by `cluster.sim.node_engine.NodeEngine`:
     `finished(node, req)` when a request's prefill ends, `schedule(node)` after each
-    iteration, `started(req, node_id)` at a request's first chunk, and
-    `iteration(node_id, sum_uc, sum_a, sum_rst, duration_s)` for the warmup fit."""
+    iteration and `iteration(node_id, sum_uc, sum_a, sum_rst, duration_s)` for the warmup
+    fit; a request's first chunk is recorded on its program's PCB."""
 
     def __init__(
         self,
@@ -65,7 +64,6 @@ class PrefillStage:
         queue_wait: dict[int, list[float]],
         finished: Callable[[SimNode, SimRequest], None],
         schedule: Callable[[SimNode], None],
-        started: Callable[[SimRequest, int], None],
         iteration: Callable[[int, float, float, float, float, float], None],
         max_num_seqs: int | None = None,
         limits: bool = False,
@@ -80,7 +78,6 @@ class PrefillStage:
         self.queue_wait = queue_wait
         self.finished = finished
         self.schedule = schedule
-        self.started = started
         self.iteration = iteration
         self.bt = profile.block_tokens
         self.max_num_seqs = max_num_seqs
@@ -145,7 +142,7 @@ class PrefillStage:
             req.t_uc += math.ceil(req.generated)
             return exposed
         req.t_prefill_start = now
-        self.started(req, node.id)
+        req.run.pcb.record_prefill_start(node.id)
         if req.measured:
             self.queue_wait[node.id].append(now - req.t_routed)
         rr = RouteRequest(req.request_id, req.program, req.branch_id, req.path, req.t_in, now)

@@ -14,8 +14,8 @@ signals, and keeps the public face (`run`, `start`, `step_until`, `finish`, `cp`
 KV), `node`, the engine (`prefill`, `decode_batch` (a node's decode batch as columns),
 `decode`, `mixed`, `engine`: queueing, chunked prefill, transfer, decode epochs,
 preemption), `contexts` (turn contexts, the ideal cache), `planes` (PCBs and policy hooks),
-`orchestrator` (arrivals, release, completion), `switching` (phase switches, the end of the
-warmup, with `warmup`'s fit) and `metrics` (the summary).
+`orchestrator` (arrivals, release, completion), `drain` (phase switches: a node drained,
+then turned; the end of the warmup, with `warmup`'s fit) and `metrics` (the summary).
 """
 
 from __future__ import annotations
@@ -25,25 +25,24 @@ from typing import Any
 
 import numpy as np
 
-from cluster.control.control_plane import ControlPlane, ControlPlaneConfig
-from cluster.control.planning import SwitchMode
-from cluster.core import ConfigError, KVEvent, NullSink, Phase, TelemetrySink
+from cluster.control import ControlPlane, ControlPlaneConfig, SwitchMode
+from cluster.core import ConfigError, KVEvent, NullSink, Phase, TelemetrySink, parse_split
 from cluster.hardware.profiles import HardwareProfile, load_profile
 from cluster.kv.eviction import EVICTION_POLICIES, EvictionPolicy
 from cluster.policies.loader import LoadedPolicy, load_policy
 from cluster.policies.scheduling import FCFS
 from cluster.sim.buffer import BufferedSink
-from cluster.sim.config import SimConfig, _spec, engine_profile, parse_split
+from cluster.sim.config import SimConfig, _spec, engine_profile
 from cluster.sim.contexts import Contexts
-from cluster.sim.engine import NodeEngine
+from cluster.sim.drain import Switching
 from cluster.sim.entities import ProgramRun, SimRequest
 from cluster.sim.kernel import TICK, WARMUP, EventKernel
 from cluster.sim.memory import NodeMemory, Publish, kv_event_rows, retention_caches, tier_caches
 from cluster.sim.metrics import RunRecord, summarize
 from cluster.sim.node import SimNode
+from cluster.sim.node_engine import NodeEngine
 from cluster.sim.orchestrator import ProgramOrchestrator
 from cluster.sim.planes import PolicyPlanes
-from cluster.sim.switching import Switching
 from cluster.sim.tiered_memory import TieredMemory
 from cluster.sim.unified_memory import UnifiedMemory
 from cluster.sim.warmup import WarmupFit
@@ -231,8 +230,6 @@ class Simulator:
         # The engine's upward signals.
         engine.on_request_done = orchestrator.complete
         engine.on_switch_ready = switching.on_node_idle
-        engine.on_prefill_start = planes.on_prefill_start
-        engine.on_preempted = planes.on_preempted
         engine.on_computed = contexts.ideal.update
 
         self.requests: list[SimRequest] = orchestrator.requests
@@ -249,10 +246,10 @@ class Simulator:
     ) -> NodeMemory:
         """Node n's KV memory: tiered, its tiers keyed by the Retention Plane if it has a
         policy, or one unified pool."""
-        cfg, profile, d = self.cfg, self.profile, self.cp.directory
+        cfg, profile = self.cfg, self.profile
         l1 = cfg.l1_tokens or profile.l1_tokens
         l2 = cfg.l2_tokens or profile.l2_tokens
-        count_of = d.counts_of(n).__getitem__  # C-level read; absent blocks count 0
+        count_of = self.cp.count_of(n)  # C-level read; absent blocks count 0
         bt = profile.block_tokens
         paged, t_acc = cfg.engine_limits, profile.t_acc  # decode KV grows as generated
         mixed = self.collocated_only  # vLLM V1 collocated: prompts hold KV from admission

@@ -6,9 +6,9 @@ Eq. 2 are fitted by NNLS on its own iterations, falling back to the iterations o
 when its own do not determine the model, and to the profile's coefficients when no data do.
 
 With a `form` other than "paper" (`pdlab simulate --form auto|ctx|floor|roofline`), each
-node's form is chosen by evidence as `pdlab fit --form` does (models.forms.select_form: 5-fold
-cross-validation over time blocks of the node's own warmup iterations, the simplest form
-within one standard error of the best); the planner then prices Eq. 3-5 with the chosen
+node's form is chosen by evidence as `pdlab fit --form` does (models.selection.choose_form:
+5-fold cross-validation over time blocks of the node's own warmup iterations, the simplest
+form within one standard error of the best); the planner then prices Eq. 3-5 with the chosen
 forms, and the router prices prefill with them (SimConfig.prefill_forms).
 """
 
@@ -21,27 +21,13 @@ import numpy as np
 
 from cluster.hardware.profiles import HardwareProfile
 from models import DecodeModel, NodeModel, PrefillModel
-from models.fitting import (
-    DECODE_TERMS,
-    PREFILL_TERMS,
-    FitError,
-    GramStats,
-    decode_features,
-    fit_from_gram,
-    prefill_features,
-)
-from models.forms import Form, candidates, decode_model, prefill_model, select_form
+from models.fitting import FitError, GramStats, decode_features, prefill_features
+from models.forms import DECODE_PAPER, PREFILL_PAPER, Form, candidates, decode_model, prefill_model
 from models.forms import Phase as FormPhase
+from models.selection import Candidate, choose_form
 
 _FOLDS = 5
 _BLOCKS = 10  # time blocks of a node's warmup iterations (the CV's buckets)
-
-
-def _total(stats: Sequence[GramStats]) -> GramStats:
-    total = stats[0]
-    for s in stats[1:]:
-        total = total + s
-    return total
 
 
 def fit_node_models(
@@ -74,21 +60,19 @@ def fit_node_models(
     report: dict[str, Any] = {}
     for n in node_ids:
         fitted: dict[str, list[float]] = {}
-        for kind, own, terms in (
-            ("prefill", pre.get(n), PREFILL_TERMS),
-            ("decode", dec.get(n), DECODE_TERMS),
+        for kind, own, form in (
+            ("prefill", pre.get(n), PREFILL_PAPER),
+            ("decode", dec.get(n), DECODE_PAPER),
         ):
-            candidates = ([own] if own is not None else []) + (
-                [_total(pooled[kind])] if pooled[kind] else []
-            )
+            rows = ([[own]] if own is not None else []) + ([pooled[kind]] if pooled[kind] else [])
             why = "no samples"
-            for stats in candidates:
+            for buckets in rows:  # the node's own iterations, else those of all nodes
                 try:
-                    coef, _ = fit_from_gram(stats, terms)
+                    fit = choose_form([Candidate(form, buckets)])
                 except FitError as err:
                     why = str(err)
                     continue
-                fitted[kind] = [float(c) for c in coef]
+                fitted[kind] = list(fit.coef)
                 break
             report[f"{n}.{kind}"] = fitted.get(kind, f"{why}: profile coefficients kept")
         p = PrefillModel.from_coef(fitted["prefill"]) if "prefill" in fitted else oracle.prefill
@@ -126,15 +110,17 @@ def _pool(kind: str, form: str) -> tuple[Form, ...]:
 def _choose(
     forms: tuple[Form, ...], rows: dict[str, np.ndarray], y: np.ndarray, profile: HardwareProfile
 ) -> tuple[Form, tuple[float, ...], dict[str, float]]:
-    """The form `select_form` keeps on time blocks of the rows, and every form's CV error."""
+    """The form `choose_form` keeps on time blocks of the rows, and every form's CV error."""
     blocks = np.arange(len(y)) * _BLOCKS // max(len(y), 1)
     scored = []
     for f in forms:
         x = f.design(rows, profile.top_k, profile.num_experts)
         scored.append(
-            (f, [GramStats.from_rows(x[blocks == b], y[blocks == b]) for b in range(_BLOCKS)])
+            Candidate(
+                f, [GramStats.from_rows(x[blocks == b], y[blocks == b]) for b in range(_BLOCKS)]
+            )
         )
-    choice = select_form(scored, folds=_FOLDS, always=(forms[0].terms[0],))
+    choice = choose_form(scored, folds=_FOLDS, always=(forms[0].terms[0],), score_one=True)
     return choice.form, choice.coef, {s.form.label: s.cv_rmse for s in choice.scores}
 
 

@@ -15,8 +15,8 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from cluster.live.serving import ServerThread
 from cluster.server import ControlService, create_app
-from cluster.sglang.live.serving import ServerThread
 from cluster.sim.paced import PacedSimulation
 from cluster.sim.simulator import SimConfig
 

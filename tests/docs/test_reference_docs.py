@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from cluster.sglang.live.tokens import ROUTES
+from cluster.live.tokens import ROUTES
 from telemetry.schema import TABLES
 from telemetry.schema_doc import schema_markdown
 

@@ -20,10 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cluster.core import KVEvent, KVEventKind
-from cluster.sglang.wire.fpm import ForwardPassMetrics, ScheduledRequestMetrics, encode_fpm
-from cluster.sglang.wire.fpm_collector import ForwardMetricsCollector
-from cluster.sglang.wire.kv_collector import KVEventCollector
-from cluster.sglang.wire.kv_events import encode_batch
+from cluster.sglang.fpm import ForwardPassMetrics, ScheduledRequestMetrics, encode_fpm
+from cluster.sglang.fpm_collector import ForwardMetricsCollector
+from cluster.wire.kv_collector import KVEventCollector
+from cluster.wire.kv_events import encode_batch
 from telemetry import TelemetryWriter
 
 NODES = {"node_id": [0], "name": ["n0"], "hardware": ["cpu"], "moe_top_k": [0], "moe_experts": [0]}

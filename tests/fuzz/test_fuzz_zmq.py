@@ -20,10 +20,10 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from cluster.core import KVEvent, KVEventKind, MemorySink
-from cluster.sglang.wire.fpm import ForwardPassMetrics, ScheduledRequestMetrics, encode_fpm
-from cluster.sglang.wire.fpm_collector import ForwardMetricsCollector
-from cluster.sglang.wire.kv_collector import KVEventCollector
-from cluster.sglang.wire.kv_events import BatchDecoder, WireError, encode_batch
+from cluster.sglang.fpm import ForwardPassMetrics, ScheduledRequestMetrics, encode_fpm
+from cluster.sglang.fpm_collector import ForwardMetricsCollector
+from cluster.wire.kv_collector import KVEventCollector
+from cluster.wire.kv_events import BatchDecoder, WireError, encode_batch
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -1,4 +1,5 @@
-"""Model forms chosen by evidence (models.forms) and the optional terms of the models."""
+"""Model forms (models.forms) chosen by evidence (models.selection) and the optional terms of
+the models."""
 
 from __future__ import annotations
 
@@ -12,18 +13,14 @@ from models.forms import (
     DECODE_PAPER,
     PREFILL_PAPER,
     candidates,
-    cross_validate,
     decode_model,
     form_by_label,
     prefill_floor,
     prefill_model,
     prefill_roofline,
-    relative_rmse,
-    robust_ci,
-    select_form,
-    time_blocks,
 )
 from models.iteration import phi
+from models.selection import choose_form, cross_validate, relative_rmse, robust_ci, time_blocks
 
 
 def _buckets(x: np.ndarray, y: np.ndarray, ids: np.ndarray) -> list[GramStats]:
@@ -48,7 +45,7 @@ def test_decode_ctx_is_chosen_when_the_truth_reads_the_context() -> None:
     x = DECODE_CTX.design(rows, 8, 256)
     noise = np.exp(np.random.default_rng(2).normal(0, 0.02, len(x)))
     y = (x @ np.array(truth)) * noise
-    choice = select_form(_scored((DECODE_PAPER, DECODE_CTX), rows, y))
+    choice = choose_form(_scored((DECODE_PAPER, DECODE_CTX), rows, y))
     assert choice.form is DECODE_CTX
     assert np.allclose(choice.coef, truth, rtol=0.05)
     scores = {s.form.label: s.cv_rmse for s in choice.scores}
@@ -62,7 +59,7 @@ def test_paper_is_kept_when_extra_terms_do_not_help() -> None:
     y = (x @ np.array([0.012, 0.015, 2.8e-4])) * np.exp(
         np.random.default_rng(4).normal(0, 0.03, len(x))
     )
-    choice = select_form(_scored((DECODE_PAPER, DECODE_CTX), rows, y))
+    choice = choose_form(_scored((DECODE_PAPER, DECODE_CTX), rows, y))
     assert choice.form is DECODE_PAPER
     assert len(choice.coef) == 3
 
@@ -72,9 +69,9 @@ def test_prefill_floor_finds_the_knee_of_weight_bound_gemms() -> None:
     rows = {"t_uc": uc, "attn_pairs": uc * (uc + 1) / 2, "t_rst": 0 * uc}
     y = 0.002 + 5e-5 * np.maximum(uc, 256) + 1e-9 * rows["attn_pairs"]
     y = y * np.exp(np.random.default_rng(5).normal(0, 0.01, len(y)))
-    choice = select_form(_scored(candidates("prefill", "floor"), rows, y, 0, 0))
+    choice = choose_form(_scored(candidates("prefill", "floor"), rows, y, 0, 0))
     assert choice.form.name == "floor" and choice.form.knee_tokens == 256
-    paper = select_form(_scored((PREFILL_PAPER,), rows, y, 0, 0))
+    paper = choose_form(_scored((PREFILL_PAPER,), rows, y, 0, 0), score_one=True)
     best = min(choice.scores, key=lambda s: s.cv_rmse)
     assert best.cv_rmse < 0.02 < paper.scores[0].cv_rmse
 
@@ -88,7 +85,7 @@ def test_roofline_prices_kv_read_and_experts_touched() -> None:
     x = form.design(rows, 8, 128)
     truth = np.array([0.004, 1.5e-5, 2e-9, 0.0, 9e-7, 0.04])
     y = x @ truth
-    choice = select_form(_scored(candidates("prefill"), rows, y, 8, 128))
+    choice = choose_form(_scored(candidates("prefill"), rows, y, 8, 128))
     assert choice.form.name == "roofline"
     model = prefill_model(choice.form, choice.coef, 8, 128)
     one = {"t_uc": 1000.0, "attn_pairs": 1000 * 2000 + 500500.0, "t_rst": 0.0, "t_c": 2000.0}
@@ -122,14 +119,14 @@ def test_robust_ci_covers_the_truth_when_the_context_mix_drifts() -> None:
         y = (DECODE_CTX.design(rows, 8, 256) @ truth) * np.exp(rng.normal(0, 0.03, n) - 0.00045)
         hashed = rng.permutation(n) % 64
         xp = DECODE_PAPER.design(rows, 8, 256)
-        paper = select_form([(DECODE_PAPER, _buckets(xp, y, hashed))])
+        paper = choose_form([(DECODE_PAPER, _buckets(xp, y, hashed))])
         ci_p = bootstrap_ci(_buckets(xp, y, hashed), DECODE_PAPER.terms)
         lows_paper.append(ci_p[2][0])
         highs_paper.append(ci_p[2][1])
         blocks = time_blocks(t, 20)
         xc = DECODE_CTX.design(rows, 8, 256)
         bc = _buckets(xc, y, blocks)
-        ctx = select_form([(DECODE_CTX, bc)])
+        ctx = choose_form([(DECODE_CTX, bc)])
         ci = robust_ci(bc, DECODE_CTX.terms, ctx.coef)
         covered += ci[2][0] <= truth[2] <= ci[2][1]
         assert paper.coef[2] > truth[2]  # d2 absorbs the context when d3 is missing

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cluster.data import BUNDLED
-from cluster.hardware.engine import EngineSettings
+from cluster.hardware.engine_settings import EngineSettings
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_profile import build_profile
 from cluster.hardware.profiles import load_profile

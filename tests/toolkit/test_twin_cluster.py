@@ -136,10 +136,10 @@ def torch_run(tmp_path_factory):  # type: ignore[no-untyped-def]
     batches of 1 to 5, so Eq. 2 can be fitted)."""
     from cluster.engines.torch.config import EngineConfig
     from cluster.engines.torch.engine import TorchEngine
-    from cluster.sglang.live.agent_client import TokenMap, play_programs
-    from cluster.sglang.live.cluster import SGLangCluster
-    from cluster.sglang.live.cluster_file import ClusterConfig, ClusterSettings, EngineSpec
-    from cluster.sglang.live.serving import ServerThread
+    from cluster.live.agent_client import TokenMap, play_programs
+    from cluster.live.cluster import SGLangCluster
+    from cluster.live.cluster_file import ClusterConfig, ClusterSettings, EngineSpec
+    from cluster.live.serving import ServerThread
     from toolkit.commands_serve_sglang import create_sglang_app
 
     cfg = EngineConfig(seed=1, gpu_pages=512, host_pages=1024)

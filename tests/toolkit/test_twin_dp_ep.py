@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from cluster.core import ConfigError
 from cluster.data import BUNDLED
-from cluster.hardware.engine import EngineSettings
+from cluster.hardware.engine_settings import EngineSettings
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_profile import build_profile
 from telemetry import open_reader

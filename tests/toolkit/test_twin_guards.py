@@ -125,7 +125,7 @@ def test_the_gpu_is_checked_and_unchecked_sides_say_so(env: dict[str, Path]) -> 
 def test_settings_outside_the_profile_say_extrapolating(
     env: dict[str, Path], tmp_path: Path
 ) -> None:
-    from cluster.hardware.engine import EngineSettings
+    from cluster.hardware.engine_settings import EngineSettings
 
     engine = EngineSettings(
         engine="vllm", model="meta-llama/Llama-3.1-8B", max_num_seqs=1024,

@@ -12,7 +12,7 @@ import pytest
 
 from cluster.core import ConfigError
 from cluster.data import BUNDLED
-from cluster.hardware.engine import GIB, EngineSettings
+from cluster.hardware.engine_settings import GIB, EngineSettings
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_profile import build_profile
 from cluster.hardware.pricer import Parallelism

@@ -1,7 +1,7 @@
 """One imported serving run, and writing runs into the SPEC §3 tables in one transaction.
 
 An importer turns a benchmark's files into `BenchRun`s: the `runs` row (its `config` JSON
-carries the engine settings, cluster.hardware.engine.EngineSettings, under "engine"), one
+carries the engine settings, cluster.hardware.engine_settings.EngineSettings, under "engine"), one
 `nodes` row per engine (DP rank) and the `requests` rows. `write_runs` validates every
 batch at the boundary first, then inserts all runs in one transaction: an import that
 fails (a bad row, a run id the database already has, a lock) leaves the database as it was.

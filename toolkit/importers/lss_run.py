@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster.core import ConfigError
-from cluster.hardware.engine import GIB, EngineSettings, vllm_server_defaults
+from cluster.hardware.engine_settings import GIB, EngineSettings, vllm_server_defaults
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_profile import OperatorProfile, build_profile
 from cluster.hardware.pricer import Parallelism
@@ -153,7 +153,7 @@ def _engines(
                     else "assumed: vLLM V1 server default",
                     "gpu_memory": "flag" if gpu_memory_gib else "config npu_mem.mem_size",
                     "kv_blocks": "estimated from GPU memory at utilization 0.9 "
-                    "(cluster.hardware.engine.kv_capacity)",
+                    "(cluster.hardware.engine_settings.kv_capacity)",
                     "block_size": "recorded (LLMServingSim --block-size 16)",
                     "prefix_caching": "flag",
                 },

@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from cluster.hardware.engine import EngineSettings
+from cluster.hardware.engine_settings import EngineSettings
 from cluster.hardware.model_shape import ModelShape
 from toolkit.importers.bench_run import BenchRun
 from toolkit.importers.fields import (

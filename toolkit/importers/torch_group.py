@@ -36,7 +36,7 @@ import pyarrow as pa
 
 from cluster.engines.torch.config import ModelConfig
 from cluster.engines.torch.rank_log import read_rank_logs
-from cluster.hardware.engine import EngineSettings
+from cluster.hardware.engine_settings import EngineSettings
 from cluster.hardware.model_shape import ModelShape
 from telemetry import TelemetryError, live, store
 from telemetry.validate import validate_batch

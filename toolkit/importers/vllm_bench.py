@@ -13,7 +13,7 @@ TPOT = (last_token_ts - first_token_ts) / (output_toks - 1). The wall-clock send
 to t_sent (seconds since the first send). A request without timestamps (no metrics: it
 failed) is left out and listed in the config's "failed_request_ids".
 
-Engine settings (cluster.hardware.engine.EngineSettings) come from engine_kwargs, then
+Engine settings (cluster.hardware.engine_settings.EngineSettings) come from engine_kwargs, then
 kv_cache / hardware / resolved_config where present, with vLLM V1's defaults where neither
 says (chunked prefill and prefix caching on, block 16). One node per DP rank; a request's
 rank is its `dp_rank` field when recorded, else 0 (the config's "dp_ranks" says which). The
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster import size_limits as limits
-from cluster.hardware.engine import GIB, EngineSettings
+from cluster.hardware.engine_settings import GIB, EngineSettings
 from cluster.hardware.model_shape import ModelShape
 from toolkit.importers.bench_run import BenchRun
 from toolkit.importers.fields import MAX_SPAN_S, Fields, ImportFileError, json_lines, load_json

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster.core import ConfigError
-from cluster.hardware.engine import EngineSettings
+from cluster.hardware.engine_settings import EngineSettings
 from cluster.hardware.model_shape import ModelShape
 from toolkit.importers.bench_run import BenchRun
 from toolkit.importers.fields import Fields, ImportFileError, load_json

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple, TypeVar
 from fastapi import Request
 from starlette.types import Receive
 
-from cluster.sglang.wire import toy_tokenizer
+from cluster.wire import toy_tokenizer
 
 T = TypeVar("T")
 MAX_RID_CHARS = 256  # a rid is echoed in every streamed event

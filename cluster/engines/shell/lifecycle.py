@@ -29,7 +29,7 @@ from cluster.engines.shell.loopback import LoopbackServer
 from cluster.engines.shell.scheduling import Finish, OnUpdate, Role, SchedulerThread, check_role
 from cluster.engines.shell.serving_metrics import Load, MetricsStyle, ServingMetrics
 from cluster.engines.shell.stamps import EMITTED, Stamps
-from cluster.sglang.wire.publisher import ZmqBatchPublisher
+from cluster.wire.publisher import ZmqBatchPublisher
 
 S = TypeVar("S", bound=SchedulerThread[Any])
 # (output ids so far, finish, cached tokens, the request's stage stamps: shell.stamps)

@@ -21,9 +21,9 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import msgspec
 
-from cluster.sglang.wire.fpm import ForwardPassMetrics, encode_fpm
-from cluster.sglang.wire.kv_events import SGLangEvent, WireFormat, encode_batch
-from cluster.sglang.wire.publisher import ZmqBatchPublisher
+from cluster.sglang.fpm import ForwardPassMetrics, encode_fpm
+from cluster.wire.kv_events import SGLangEvent, WireFormat, encode_batch
+from cluster.wire.publisher import ZmqBatchPublisher
 
 Role = Literal["null", "prefill", "decode"]
 ROLES: tuple[Role, ...] = ("null", "prefill", "decode")

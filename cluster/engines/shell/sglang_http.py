@@ -8,7 +8,7 @@ response shapes (meta_info with prompt_tokens, completion_tokens, cached_tokens;
 usage with `prompt_tokens_details.cached_tokens`), SSE framing (`data: ...` events ending
 with `data: [DONE]`) and error bodies; the engine adds /flush_cache, /pd_role_switch
 (answered with `role_switch_reply` after `role_switch_refusal`) and routes of its own.
-Token ids are the toy byte tokenizer's (`cluster.sglang.wire.toy_tokenizer`).
+Token ids are the toy byte tokenizer's (`cluster.wire.toy_tokenizer`).
 
 Bodies are checked at the door (`http_input`): a malformed one gets 400 with a one-line
 message, an oversized one 413 before it is read, a mutation without the engine's token 401
@@ -43,7 +43,7 @@ from cluster.engines.shell.http_input import (
 from cluster.engines.shell.lifecycle import Update
 from cluster.engines.shell.serving_metrics import CONTENT_TYPE
 from cluster.engines.shell.stamps import RECEIVED, Stamps
-from cluster.sglang.wire import toy_tokenizer
+from cluster.wire import toy_tokenizer
 
 
 class SGLangEngine(Protocol):

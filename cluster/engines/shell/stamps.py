@@ -1,4 +1,4 @@
-"""An engine's record of when each request passed each stage (`cluster.sglang.wire.stamps`).
+"""An engine's record of when each request passed each stage (`cluster.sglang.stamps`).
 
 A request object holds `stamps` (stage name -> `time.time()` seconds on the engine's
 clock); the scheduler thread and the generation plumbing `stamp` them as the request goes,
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from cluster.sglang.wire.stamps import (
+from cluster.sglang.stamps import (
     DECODE_JOIN,
     EMITTED,
     FORWARD,

@@ -21,7 +21,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from cluster.sglang.wire.kv_events import (
+from cluster.wire.kv_events import (
     SGLangAllBlocksCleared,
     SGLangBlockRemoved,
     SGLangBlockStored,

@@ -5,7 +5,7 @@ pass, prefix-cache hits skipped), otherwise one decode pass over every running r
 A pass lasts the time the iteration-time models give (`PrefillModel.batch_time`,
 `DecodeModel.iteration_time`) times `time_scale`. After each pass the scheduler publishes
 the prefix cache's KV events (`KVEventBatch`, ts = wall time) and one ForwardPassMetrics
-with SGLang's field semantics (`cluster.sglang.wire.fpm`), and an idle heartbeat every second
+with SGLang's field semantics (`cluster.sglang.fpm`), and an idle heartbeat every second
 while idle. Roles: "null" (prefill then decode here), "prefill" (stop after the first
 token, hand the room to the bootstrap registry), "decode" (start from the first token the
 prefill produced; no prefix cache, as SGLang's decode without
@@ -36,14 +36,14 @@ from cluster.engines.shell.scheduling import (
 from cluster.engines.shell.stamps import DECODE_JOIN, FORWARD, PREFILL_DONE, Stamps, stamp
 from cluster.engines.standin.bootstrap import RoomRegistry, RoomResult
 from cluster.engines.standin.prefix_cache import PrefixCache
-from cluster.sglang.wire import toy_tokenizer
-from cluster.sglang.wire.fpm import (
+from cluster.sglang.fpm import (
     ForwardPassMetrics,
     QueuedRequestMetrics,
     ScheduledRequestMetrics,
 )
-from cluster.sglang.wire.kv_events import WireFormat
-from cluster.sglang.wire.publisher import ZmqBatchPublisher
+from cluster.wire import toy_tokenizer
+from cluster.wire.kv_events import WireFormat
+from cluster.wire.publisher import ZmqBatchPublisher
 from models import DecodeModel, PrefillModel
 
 logger = logging.getLogger(__name__)

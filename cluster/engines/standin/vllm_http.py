@@ -33,10 +33,10 @@ from cluster.engines.shell.sglang_http import (
     openai_error,
     respond_openai,
 )
-from cluster.sglang.wire import toy_tokenizer
-from cluster.sglang.wire.fpm import decode_fpm
-from cluster.sglang.wire.publisher import ZmqBatchPublisher
-from cluster.sglang.wire.vllm_steps import STEPS_TOPIC, VLLMStep, encode_step
+from cluster.sglang.fpm import decode_fpm
+from cluster.wire import toy_tokenizer
+from cluster.wire.publisher import ZmqBatchPublisher
+from cluster.wire.vllm_steps import STEPS_TOPIC, VLLMStep, encode_step
 
 if TYPE_CHECKING:
     from cluster.engines.standin.server import StandinEngine

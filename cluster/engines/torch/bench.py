@@ -32,9 +32,9 @@ from cluster.engines.torch.request import EngineRequest
 from cluster.engines.torch.runner import ModelRunner, PassItem
 from cluster.engines.torch.scheduler import Scheduler
 from cluster.engines.torch.transfer import RoomRegistry
-from cluster.sglang.wire.fpm import QueuedRequestMetrics
-from cluster.sglang.wire.kv_events import SGLangBlockStored, encode_batch
-from cluster.sglang.wire.publisher import ZmqBatchPublisher
+from cluster.sglang.fpm import QueuedRequestMetrics
+from cluster.wire.kv_events import SGLangBlockStored, encode_batch
+from cluster.wire.publisher import ZmqBatchPublisher
 
 
 def _ignore(ids: list[int], fin: Any) -> None:

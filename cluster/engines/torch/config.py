@@ -3,7 +3,7 @@
 A `ModelConfig` is a decoder-only transformer (RMSNorm, RoPE, grouped-query attention, and
 an MoE FFN — top-k of E experts, softmax over the router then top-k renormalized as in
 Qwen/Mixtral — or a dense SwiGLU FFN). Token ids 0..255 are the bytes of the toy tokenizer
-(`cluster.sglang.wire.toy_tokenizer`); ids up to `vocab_size` are valid inputs, and
+(`cluster.wire.toy_tokenizer`); ids up to `vocab_size` are valid inputs, and
 `eos_token_id` (256) ends a generation unless the request sets ignore_eos.
 
 `EngineConfig` is what shapes latency and memory on one node: page size, GPU (L1) and host

@@ -1,7 +1,7 @@
 """One torch engine node: model, scheduler, ZMQ publishers and HTTP servers (SPEC §6, §9).
 
 `TorchEngine` is what `pdlab engine` runs, one per process. It publishes KV events over a
-ZMQ PUB with SGLang's replay ROUTER (`cluster.sglang.wire.publisher`) and forward-pass
+ZMQ PUB with SGLang's replay ROUTER (`cluster.wire.publisher`) and forward-pass
 metrics over a second PUB, serves SGLang's HTTP API (`http_api`) and, in a PD role, the
 bootstrap server with the KV transfer (`transfer`). `/server_info` describes it the way
 SGLang 0.5.23 does — plus `pd_role_switch_keeps_cache: true`: a role switch keeps the

@@ -1,7 +1,7 @@
 """Forward-pass metrics of the torch engine in SGLang's wire format, with exact extras (SPEC §3, §6).
 
 Each pass becomes one ForwardPassMetrics with SGLang's field semantics
-(`cluster.sglang.wire.fpm`: sum_prefill_tokens = Σt_uc, sum_prefill_kv_tokens = Σt_c,
+(`cluster.sglang.fpm`: sum_prefill_tokens = Σt_uc, sum_prefill_kv_tokens = Σt_c,
 var_prefill_length over the full prompt lengths, sum_decode_kv_tokens = Σ seq_len) plus
 the `pdlab` detail only this engine can give: the exact ΣA of Eq. 1, t_rst, the
 distinct experts per MoE layer, the pass's CPU overhead outside the forward and the CPU
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from cluster.sglang.wire.fpm import (
+from cluster.sglang.fpm import (
     DetailedForwardPassMetrics,
     PassDetail,
     QueuedRequestMetrics,

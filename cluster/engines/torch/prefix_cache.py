@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from cluster.core import BlockHash
 from cluster.kv.eviction import EVICTION_POLICIES, EvictionPolicy
-from cluster.sglang.wire.kv_events import (
+from cluster.wire.kv_events import (
     SGLangAllBlocksCleared,
     SGLangBlockRemoved,
     SGLangBlockStored,

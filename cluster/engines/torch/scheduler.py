@@ -49,7 +49,7 @@ from cluster.engines.torch.request import EngineRequest
 from cluster.engines.torch.runner import ModelRunner, PassItem, PassOutput
 from cluster.engines.torch.transfer import Room, RoomRegistry
 from cluster.kv.hashing import token_block_hashes
-from cluster.sglang.wire.publisher import ZmqBatchPublisher
+from cluster.wire.publisher import ZmqBatchPublisher
 
 log = logging.getLogger(__name__)
 

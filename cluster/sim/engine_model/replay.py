@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from cluster.core import ConfigError
-from cluster.hardware.engine import EngineSettings
+from cluster.hardware.engine_settings import EngineSettings
 from cluster.hardware.pricer import IterationPricer
 from cluster.sim.engine_model.block_pool import BlockPool, blocks_for
 from cluster.sim.engine_model.dp_balance import DPBalancer

@@ -176,10 +176,14 @@ class _Checker:
 
 
 def _scopes(tree: ast.Module) -> Iterator[list[ast.stmt]]:
-    """The module's top level and each function body (aliases are local to a function)."""
-    yield [s for s in tree.body if not isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef)]
+    """The module's top level, each class body and each function body (aliases are local to
+    a function: a name bound in one method is not an alias in another)."""
+    defs = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
+    yield [s for s in tree.body if not isinstance(s, defs)]
     for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        if isinstance(node, ast.ClassDef):
+            yield [s for s in node.body if not isinstance(s, defs)]
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             yield node.body
 
 
@@ -223,6 +227,49 @@ def test_known_writes_still_exist() -> None:
         if not path.exists() or code not in {c for _, c in writes_in(path.read_text())}:
             stale.append(f"{rel}: {code}")
     assert not stale, "delete these entries of KNOWN_ELSEWHERE:\n" + "\n".join(stale)
+
+
+def _private_parts() -> frozenset[str]:
+    tree = ast.parse((OWNER / "parts.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == "ControlPlaneParts":
+            return frozenset(
+                s.target.id
+                for s in node.body
+                if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
+            )
+    raise AssertionError("ControlPlaneParts is not defined in cluster/control/parts.py")
+
+
+def private_reads_in(source: str) -> list[tuple[int, str]]:
+    """(line, code) of every use of a control plane's private part (`cp._state`, ...)."""
+    parts = _private_parts()
+    found: set[tuple[int, str]] = set()
+    tree = ast.parse(source)
+    for body in _scopes(tree):
+        checker = _Checker()
+        checker.collect_aliases(body)
+        for node in (n for stmt in body for n in ast.walk(stmt)):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr in parts
+                and checker.depth(node.value) == 0
+            ):
+                found.add((node.lineno, ast.unparse(node)))
+    return sorted(found)
+
+
+def test_the_control_planes_parts_are_private_to_the_control_layer() -> None:
+    """Outside `cluster/control` the control plane is read through its accessors (`phases()`,
+    `node_blocks(n)`, `view`, ...), never through its parts (cluster/control/parts.py)."""
+    assert len(_private_parts()) >= 10
+    found = []
+    for path in _sources():
+        rel = str(path.relative_to(ROOT))
+        found += [f"{rel}:{line}: {code}" for line, code in private_reads_in(path.read_text())]
+    assert not found, "read these through a ControlPlane accessor:\n" + "\n".join(found)
+    sample = "def f(sim):\n    cp = sim.cp\n    return cp._state.phases, sim.cp._directory\n"
+    assert [code for _, code in private_reads_in(sample)] == ["cp._state", "sim.cp._directory"]
 
 
 @pytest.mark.parametrize(("where", "cls"), sorted(DOMAIN_MUTATORS))
@@ -282,6 +329,21 @@ def reads(self, node):
     app.state.live = self
     return cp.state.phases[node], cp.switches.get(node), blocks, sw
 """
+
+
+def test_a_name_bound_in_one_method_is_no_alias_in_another() -> None:
+    src = textwrap.dedent(
+        """
+        class Service:
+            def busy(self, cp):
+                return [n for n, s in cp.switches.items()]
+
+            def snapshot(self, snap):
+                for n in snap["nodes"]:
+                    n["blocks"] = 0
+        """
+    )
+    assert writes_in(src) == []
 
 
 def test_the_checker_catches_the_hand_edits_of_before() -> None:

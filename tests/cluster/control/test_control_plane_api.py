@@ -54,10 +54,10 @@ def test_release_placement_undoes_router_pending_work_and_decode_binding() -> No
     d = cp.admit(r)
     dec = cp.bind_decode(r, d.node_id, 100)
     assert cp.view.pending(d.node_id) and cp.view.decode_load(dec) == 1
-    assert cp.router.active_prefill[d.node_id] == 4  # type: ignore[attr-defined]  # 64/16
+    assert cp._router.active_prefill[d.node_id] == 4  # type: ignore[attr-defined]  # 64/16
     cp.release_placement("r1", d.node_id, dec)
     assert cp.view.pending(d.node_id) == [] and cp.view.decode_load(dec) == 0
-    assert cp.router.active_prefill[d.node_id] == 0  # type: ignore[attr-defined]
+    assert cp._router.active_prefill[d.node_id] == 0  # type: ignore[attr-defined]
     cp.release_placement("r1", d.node_id, dec)  # twice: nothing goes negative
     assert cp.view.decode_load(dec) == 0
     cp.check_invariants()
@@ -79,7 +79,7 @@ def test_reroute_from_a_node_forgets_it_there() -> None:
     assert cp.branch("b-r1").nodes == sorted({first, again.node_id})  # type: ignore[union-attr]
     cp.on_prefill_done(r, again.node_id, 2.0)
     assert cp.branch("b-r1").nodes == [again.node_id]  # type: ignore[union-attr]
-    cp.branches.check_invariants()
+    cp.check_invariants()
 
 
 def test_cancel_switch_rolls_back_without_a_row() -> None:
@@ -183,9 +183,9 @@ def test_set_planner_keeps_the_next_evaluation_consistent_and_is_all_or_nothing(
 def test_set_router_keeps_the_routers_memory_for_the_same_policy() -> None:
     cp, _ = plane(router="cache-aware")
     cp.admit(req("r1"))
-    router = cp.router
+    router = cp._router
     s = cp.set_router("cache-aware", 5e-7)
-    assert cp.router is router and s == ("cache-aware", 5e-7, "async")
+    assert cp._router is router and s == ("cache-aware", 5e-7, "async")
     cp.set_router("round-robin")
     assert cp.router_settings() == ("round-robin", 5e-7, "async")  # price kept
     with pytest.raises(ConfigError, match="unknown router policy 'nope'; choose one of: "):
@@ -248,7 +248,7 @@ def test_random_switches_and_holds_keep_the_bookkeeping(ops: list[tuple[str, int
             pass
         cp.check_invariants()
         held = {m for m in range(5) if cp.pending_switch(m) is not None} | down
-        assert set(cp.state.unavailable) == held
+        assert cp.unavailable_nodes() == held
         for phase in ("prefill", "decode"):
             assert cp.available(phase) == sorted(
                 m for m in range(5) if cp.phase_of(m) == phase and m not in held

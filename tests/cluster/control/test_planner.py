@@ -114,4 +114,4 @@ def test_decode_demand_counts_requests_in_service():
     cp.on_request_done("r0", 0, 1, 4.0, t_uc=1000, t_c=0, attn_pairs=5e5, t_out=10, t_acc=1.0)
     assert cp.in_service == 2
     # time average over [0, 6): 1 (0-1) + 2 (1-2) + 3 (2-4) + 2 (4-6) = 1 + 2 + 6 + 4 = 13 / 6
-    assert cp.stats.mean_load(0.0, 6.0) == pytest.approx(13 / 6)
+    assert cp._stats.mean_load(0.0, 6.0) == pytest.approx(13 / 6)

@@ -80,6 +80,6 @@ def test_a_per_node_predictor_changes_routing_predictions_and_can_be_removed() -
 
 def test_the_simulator_passes_the_setting_to_its_control_plane() -> None:
     cfg = SimConfig(nodes=2, split="1P1D", duration_s=10.0, warmup_s=0.0, profile="h200")
-    assert Simulator(cfg).cp.state.prefill_predictors == {}
+    assert Simulator(cfg).cp.form_priced_nodes() == frozenset()
     sim = Simulator(replace(cfg, prefill_forms=True))
-    assert set(sim.cp.state.prefill_predictors) == {0, 1}
+    assert sim.cp.form_priced_nodes() == {0, 1}

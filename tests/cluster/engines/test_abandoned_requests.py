@@ -164,9 +164,9 @@ def test_abandoned_openai_requests_are_aborted_too() -> None:
 
 
 def test_a_client_leaving_the_pd_proxy_cancels_both_engine_calls() -> None:
-    from cluster.sglang.live.cluster import SGLangCluster
-    from cluster.sglang.live.cluster_file import ClusterConfig, ClusterSettings, EngineSpec
-    from cluster.sglang.live.serving import ServerThread
+    from cluster.live.cluster import SGLangCluster
+    from cluster.live.cluster_file import ClusterConfig, ClusterSettings, EngineSpec
+    from cluster.live.serving import ServerThread
     from toolkit.commands_serve_sglang import create_sglang_app
 
     # Prefill passes of ~0.3 s, two requests at a time: some clients leave while queued

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cluster.engines.standin.prefix_cache import PrefixCache, page_hashes
-from cluster.sglang.wire.kv_events import (
+from cluster.wire.kv_events import (
     SGLangAllBlocksCleared,
     SGLangBlockRemoved,
     SGLangBlockStored,

@@ -14,9 +14,9 @@ from cluster.core import KVEvent, KVEventKind, MemorySink
 from cluster.engines.standin.prefix_cache import page_hashes
 from cluster.engines.standin.scheduler import SchedulerConfig
 from cluster.engines.standin.server import StandinEngine
-from cluster.sglang.wire.fpm_collector import ForwardMetricsCollector
-from cluster.sglang.wire.kv_collector import KVEventCollector
-from cluster.sglang.wire.toy_tokenizer import encode
+from cluster.sglang.fpm_collector import ForwardMetricsCollector
+from cluster.wire.kv_collector import KVEventCollector
+from cluster.wire.toy_tokenizer import encode
 from models import PrefillModel
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 4  # 180 bytes = 11 full pages

@@ -234,7 +234,7 @@ def test_server_info_advertises_every_ranks_publishers(group) -> None:  # type: 
     """/server_info names each rank's KV-event and forward-pass publishers: SGLang's DP
     descriptor (rank r on port base + r), which the live control plane's discovery reads
     per rank, as every rank's own /server_info says."""
-    from cluster.sglang.live.cluster_file import spec_from_server_info
+    from cluster.live.cluster_file import spec_from_server_info
 
     g, url, _logs = group
     info = httpx.get(url + "/server_info").json()

@@ -9,7 +9,7 @@ import pytest
 
 from cluster.engines.torch.config import EngineConfig
 from cluster.engines.torch.engine import TorchEngine
-from cluster.sglang.wire.toy_tokenizer import chat_template, encode
+from cluster.wire.toy_tokenizer import chat_template, encode
 
 
 @pytest.fixture(scope="module")

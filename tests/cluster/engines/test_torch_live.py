@@ -16,10 +16,10 @@ import pytest
 
 from cluster.engines.torch.config import EngineConfig
 from cluster.engines.torch.engine import TorchEngine
-from cluster.sglang.live.agent_client import TokenMap, play_programs
-from cluster.sglang.live.cluster import SGLangCluster
-from cluster.sglang.live.cluster_file import ClusterConfig, ClusterSettings, EngineSpec
-from cluster.sglang.live.serving import ServerThread
+from cluster.live.agent_client import TokenMap, play_programs
+from cluster.live.cluster import SGLangCluster
+from cluster.live.cluster_file import ClusterConfig, ClusterSettings, EngineSpec
+from cluster.live.serving import ServerThread
 from cluster.workloads.builder import ProgramBuilder
 from cluster.workloads.program import Program, Segment, SegmentIds
 from telemetry import open_reader
@@ -94,13 +94,13 @@ def test_agents_fill_the_directory_and_telemetry_of_a_torch_cluster(torch_cluste
     decoders = sorted({r.decode_node for r in results})
     # The directory holds the prefill node's blocks and, unlike SGLang's decode without a
     # radix cache, the decode nodes' blocks too (the KV they received and generated).
-    assert _until(lambda: cp.directory.node_blocks(0) > 0)
-    assert _until(lambda: all(cp.directory.node_blocks(n) > 0 for n in decoders))
+    assert _until(lambda: cp.node_blocks(0) > 0)
+    assert _until(lambda: all(cp.node_blocks(n) > 0 for n in decoders))
 
     # Decode -> prefill through the control plane: the node keeps its KV.
     node = decoders[0]
     with cp.lock:
-        held = cp.directory.node_blocks(node)
+        held = cp.node_blocks(node)
         cp.request_switch(node, "prefill", cluster.now(), trigger="manual")
 
     def state() -> dict:  # type: ignore[type-arg]
@@ -112,7 +112,7 @@ def test_agents_fill_the_directory_and_telemetry_of_a_torch_cluster(torch_cluste
     assert info["internal_states"][0]["kv_gpu_used_tokens"] > 0
     assert info["internal_states"][0]["kv_host_used_tokens"] > 0
     time.sleep(0.3)  # any KV event the switch might have sent has arrived
-    assert cp.directory.node_blocks(node) == held > 0  # no AllBlocksCleared
+    assert cp.node_blocks(node) == held > 0  # no AllBlocksCleared
     s = state()
     assert s["kv_gpu_used"] + s["kv_host_used"] > 0 and s["last_switch"]["ok"]
     # The engine's own counts: the host tier (written through) is not empty.
@@ -149,7 +149,7 @@ def test_a_switch_that_keeps_the_cache_records_no_lost_kv(torch_cluster) -> None
     assert r.status_code == 200
     node = int(r.headers["x-pd-decode-node"])
     cp = cluster.cp
-    assert _until(lambda: cp.directory.node_blocks(node) > 0)
+    assert _until(lambda: cp.node_blocks(node) > 0)
     with cp.lock:
         cp.request_switch(node, "prefill", cluster.now(), trigger="manual")
     assert _until(lambda: not cp.switches)

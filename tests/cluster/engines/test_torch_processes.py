@@ -27,7 +27,7 @@ import zmq
 
 from cluster.engines.torch.config import EngineConfig
 from cluster.engines.torch.engine import TorchEngine
-from cluster.sglang.wire.fpm import decode_fpm
+from cluster.sglang.fpm import decode_fpm
 
 ROOT = Path(__file__).resolve().parents[3]
 ARGS = ["--kv-gpu-tokens", "4096", "--kv-host-tokens", "8192", "--seed", "3"]

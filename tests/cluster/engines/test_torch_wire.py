@@ -18,10 +18,10 @@ from cluster.engines.torch.config import EngineConfig
 from cluster.engines.torch.engine import TorchEngine
 from cluster.kv.directory import KVDirectory
 from cluster.kv.hashing import token_block_hashes
-from cluster.sglang.wire.fpm import DetailedForwardPassMetrics, decode_fpm, iteration_rows
-from cluster.sglang.wire.fpm_collector import ForwardMetricsCollector
-from cluster.sglang.wire.kv_collector import KVEventCollector
-from cluster.sglang.wire.toy_tokenizer import encode
+from cluster.sglang.fpm import DetailedForwardPassMetrics, decode_fpm, iteration_rows
+from cluster.sglang.fpm_collector import ForwardMetricsCollector
+from cluster.wire.kv_collector import KVEventCollector
+from cluster.wire.toy_tokenizer import encode
 
 
 def _wait(pred, timeout_s: float = 10.0) -> bool:  # type: ignore[no-untyped-def]

@@ -1,4 +1,4 @@
-"""Engine settings and KV capacity from GPU memory (cluster.hardware.engine)."""
+"""Engine settings and KV capacity from GPU memory (cluster.hardware.engine_settings)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hardware_fixtures import LLAMA, QWEN32
 
 from cluster.core import ConfigError
-from cluster.hardware.engine import GIB, EngineSettings
+from cluster.hardware.engine_settings import GIB, EngineSettings
 from cluster.hardware.model_shape import ModelShape
 
 RTX4090 = EngineSettings(

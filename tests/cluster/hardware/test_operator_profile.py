@@ -10,7 +10,7 @@ from hardware_fixtures import LLAMA, P32, P4090, PMOE, QWEN32, QWEN_MOE
 
 from cluster.core import ConfigError
 from cluster.data import BUNDLED
-from cluster.hardware.engine import GIB, EngineSettings
+from cluster.hardware.engine_settings import GIB, EngineSettings
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_profile import OperatorProfile, build_profile
 from cluster.hardware.profiles import load_profile

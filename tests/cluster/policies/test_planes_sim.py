@@ -48,7 +48,7 @@ def test_evict_always_leaves_no_private_kv_of_a_program_in_a_tool_gap(pressure_c
     assert waiting
     for run in waiting:
         for _nodes, path in run.kv_paths.values():
-            private = [h for h in path if sim.cp.directory.count(0, h) <= 1]
+            private = [h for h in path if sim.cp.block_count(0, h) <= 1]
             assert not any(h in node.memory.l1.entries for h in private[-3:])
         assert not run.pcb.kv_resident and not run.pcb.kv_protected
 

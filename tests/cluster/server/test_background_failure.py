@@ -16,9 +16,9 @@ from typing import Any
 
 import httpx
 
+from cluster.live.serving import ServerThread
 from cluster.policies.scheduling import SchedulingPolicy
 from cluster.server import ControlService, ServiceConfig, create_app
-from cluster.sglang.live.serving import ServerThread
 from cluster.sim.paced import PaceConfig, PacedSimulation
 from cluster.sim.simulator import SimConfig
 from telemetry import open_reader

@@ -18,10 +18,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from cluster.live.serving import ServerThread
 from cluster.server import ControlService, ServiceConfig, create_app
 from cluster.server.metric_catalog import CATALOG, MetricSpec
 from cluster.server.metrics_doc import metrics_markdown
-from cluster.sglang.live.serving import ServerThread
 from cluster.sim.paced import PaceConfig, PacedSimulation
 from cluster.sim.simulator import SimConfig
 from telemetry import open_reader

@@ -19,8 +19,8 @@ import pytest
 from cluster.control.control_plane import ControlPlane, ControlPlaneConfig
 from cluster.control.engines import CompletedRequest, NodeStatus, RequestListener
 from cluster.core import MemorySink, TelemetrySink, tee
+from cluster.live.serving import ServerThread
 from cluster.server import ControlService, ServiceConfig, create_app
-from cluster.sglang.live.serving import ServerThread
 from models import DecodeModel, NodeModel, PrefillModel
 
 NODE = NodeModel(PrefillModel(0.03, 8e-5, 4e-10, 3e-7), DecodeModel(0.012, 0.015, 2.8e-4))

@@ -138,9 +138,9 @@ def live_cluster(tmp_path: Path):  # type: ignore[no-untyped-def]
     kwargs; other keywords are `ClusterSettings`.
     """
     from cluster.engines.standin.server import StandinEngine
-    from cluster.sglang.live.cluster import SGLangCluster
-    from cluster.sglang.live.cluster_file import ClusterConfig, ClusterSettings, EngineSpec
-    from cluster.sglang.live.serving import ServerThread
+    from cluster.live.cluster import SGLangCluster
+    from cluster.live.cluster_file import ClusterConfig, ClusterSettings, EngineSpec
+    from cluster.live.serving import ServerThread
     from toolkit.commands_serve_sglang import create_sglang_app
 
     made: list[LiveHarness] = []

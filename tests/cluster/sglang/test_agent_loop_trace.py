@@ -1,14 +1,14 @@
 """The live agent loop replays a timestamped trace as the simulator does: each program once
 at its arrival time by default, cycled by the agents only when asked (`cycle`), against
-SGLang stand-in engines behind the live proxy (cluster/sglang/live/agent_loop.py)."""
+SGLang stand-in engines behind the live proxy (cluster/live/agent_loop.py)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from cluster.sglang.live.agent_client import TokenMap
-from cluster.sglang.live.agent_loop import AgentLoop
+from cluster.live.agent_client import TokenMap
+from cluster.live.agent_loop import AgentLoop
 from cluster.workloads import make_workload
 
 

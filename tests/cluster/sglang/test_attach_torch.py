@@ -21,11 +21,11 @@ import pytest
 
 from cluster.engines.torch.config import EngineConfig
 from cluster.engines.torch.engine import TorchEngine
-from cluster.sglang.live.attached import AttachedFleet
-from cluster.sglang.live.cluster import SGLangCluster
-from cluster.sglang.live.cluster_file import ClusterConfig, ClusterSettings, EngineSpec
-from cluster.sglang.live.fleet_file import AttachedEngine, FleetConfig, FleetSettings
-from cluster.sglang.live.serving import ServerThread
+from cluster.live.attached import AttachedFleet
+from cluster.live.cluster import SGLangCluster
+from cluster.live.cluster_file import ClusterConfig, ClusterSettings, EngineSpec
+from cluster.live.fleet_file import AttachedEngine, FleetConfig, FleetSettings
+from cluster.live.serving import ServerThread
 from telemetry import open_reader
 from toolkit.client import PdlabClient
 from toolkit.commands_attach import create_attach_app

@@ -21,9 +21,9 @@ import httpx
 import pytest
 
 from cluster.engines.standin.server import StandinEngine
-from cluster.sglang.live.attached import AttachedFleet
-from cluster.sglang.live.fleet_file import load_fleet_file
-from cluster.sglang.live.serving import ServerThread
+from cluster.live.attached import AttachedFleet
+from cluster.live.fleet_file import load_fleet_file
+from cluster.live.serving import ServerThread
 from telemetry import open_reader
 from toolkit.client import PdlabApiError, PdlabClient
 from toolkit.commands_attach import create_attach_app

@@ -16,10 +16,10 @@ import pytest
 import zmq
 
 from cluster.core import KVEvent, KVEventKind, MemorySink
-from cluster.sglang.wire.fpm import ForwardPassMetrics, ScheduledRequestMetrics, encode_fpm
-from cluster.sglang.wire.fpm_collector import ForwardMetricsCollector
-from cluster.sglang.wire.kv_collector import KVEventCollector
-from cluster.sglang.wire.kv_events import SGLangBlockStored, encode_batch
+from cluster.sglang.fpm import ForwardPassMetrics, ScheduledRequestMetrics, encode_fpm
+from cluster.sglang.fpm_collector import ForwardMetricsCollector
+from cluster.wire.kv_collector import KVEventCollector
+from cluster.wire.kv_events import SGLangBlockStored, encode_batch
 from telemetry import TelemetryWriter
 
 pytestmark = pytest.mark.timeout(120)
@@ -168,8 +168,8 @@ def test_rows_the_sink_rejects_are_counted_as_rejected(tmp_path) -> None:  # typ
 
 
 def test_fpm_payload_checks() -> None:
-    from cluster.sglang.wire.fpm import decode_fpm
-    from cluster.sglang.wire.kv_events import WireError
+    from cluster.sglang.fpm import decode_fpm
+    from cluster.wire.kv_events import WireError
 
     bad = msgspec.msgpack.encode(
         {"wall_time": 0.01, "scheduled_requests": {"num_prefill_requests": -1}}

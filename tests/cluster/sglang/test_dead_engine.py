@@ -18,9 +18,9 @@ from pathlib import Path
 
 import httpx
 
-from cluster.sglang.live.cluster_file import ClusterSettings
-from cluster.sglang.live.launched import EngineLaunch, LaunchedCluster
-from cluster.sglang.live.serving import ServerThread
+from cluster.live.cluster_file import ClusterSettings
+from cluster.live.launched import EngineLaunch, LaunchedCluster
+from cluster.live.serving import ServerThread
 from telemetry import open_reader
 from toolkit.commands_serve_sglang import create_sglang_app
 

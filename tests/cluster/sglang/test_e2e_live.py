@@ -18,7 +18,7 @@ import pytest
 
 from cluster.engines.standin.scheduler import FAST_DECODE, FAST_PREFILL, SchedulerConfig
 from cluster.engines.standin.server import StandinEngine
-from cluster.sglang.live.agent_client import TokenMap, play_programs
+from cluster.live.agent_client import TokenMap, play_programs
 from cluster.workloads import make_workload
 from cluster.workloads.builder import ProgramBuilder
 from cluster.workloads.program import Program, Segment, SegmentIds
@@ -78,16 +78,16 @@ def test_agents_build_the_directory_and_telemetry_that_pdlab_fit_fits(live_clust
     assert set(statuses) == {200}
     with cp.lock:
         # Every branch finished through POST /v1/branches/{id}/finish: no counts remain.
-        assert cp.branches.branches == {}
-        cp.branches.check_invariants()
-        assert cp.directory.stats()["counted_holdings"] == 0
-        held = {n: cp.directory.node_blocks(n) for n in (0, 1, 2)}
+        assert cp.active_branches() == []
+        cp.check_invariants()
+        assert cp.directory_stats()["counted_holdings"] == 0
+        held = {n: cp.node_blocks(n) for n in (0, 1, 2)}
     assert held[0] + held[1] > 0 and held[2] == 0  # the decode stand-in caches nothing
     kv_rows = {n: h.cluster.engines[n].kv.num_rows for n in (0, 1, 2)}
     # Online learning: the router's models move from the profile to the engines' timings.
     assert h.cluster.refit_models() == {0: ("prefill",), 1: ("prefill",), 2: ("decode",)}
     with cp.lock:
-        live = dict(cp.state.models)
+        live = cp.models()
     assert live[0].prefill.c1 == pytest.approx(FAST_PREFILL.c1, rel=0.05)
     assert live[1].prefill.c0 == pytest.approx(FAST_PREFILL.c0, rel=0.05)
     assert live[2].decode.coef == pytest.approx(FAST_DECODE.coef, rel=0.05)
@@ -150,7 +150,7 @@ def test_manual_phase_switch_through_the_rest_api(live_cluster, until) -> None: 
     for node in "010":  # round-robin: node 1 caches the short prompt; the long one goes there
         r = httpx.post(f"{h.url}/generate", json=short, timeout=20)
         assert r.headers["x-pd-prefill-node"] == node
-    assert until(lambda: cp.directory.node_blocks(1) > 0, 10.0)
+    assert until(lambda: cp.node_blocks(1) > 0, 10.0)
     long_done: list[httpx.Response] = []
     long_body = {"input_ids": list(range(300, 2300)), "sampling_params": {"max_new_tokens": 3}}
     t = threading.Thread(
@@ -191,7 +191,7 @@ def test_manual_phase_switch_through_the_rest_api(live_cluster, until) -> None: 
     assert sw["ok"] and sw["method"] == "role-switch" and sw["drained"] == 1
     assert sw["lost_kv_blocks"] > 0 and sw["switch_s"] > 0
     # The switch released the prefix cache (AllBlocksCleared reached the directory).
-    assert until(lambda: cp.directory.node_blocks(1) == 0, 5.0)
+    assert until(lambda: cp.node_blocks(1) == 0, 5.0)
     # Resumed as a decode node: the binder (fewest requests, lowest id) picks it now.
     got = httpx.post(f"{h.url}/generate", json=short, timeout=20)
     assert got.status_code == 200 and got.headers["x-pd-decode-node"] == "1"

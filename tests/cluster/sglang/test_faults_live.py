@@ -23,8 +23,8 @@ import httpx
 import pytest
 
 from cluster.engines.standin.server import StandinEngine
-from cluster.sglang.live.cluster_file import EngineSpec
-from cluster.sglang.wire.toy_tokenizer import encode
+from cluster.live.cluster_file import EngineSpec
+from cluster.wire.toy_tokenizer import encode
 from telemetry import open_reader
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -174,7 +174,7 @@ def test_a_decode_engine_killed_mid_stream_ends_the_stream_with_a_clear_error(
     assert err["code"] == 502 and f"decode engine 1 ({url}) failed mid-stream" in err["message"]
     assert all("output_ids" in e for e in events[:-2]) and len(events) - 2 < 60
     with h.cluster.lock:
-        assert 1 in h.cluster.cp.state.unavailable  # the only decode engine
+        assert 1 in h.cluster.cp.unavailable_nodes()  # the only decode engine
         assert h.cluster.cp.unavailable_reasons(1) == {"engine down"}
     r = httpx.post(f"{h.url}/generate", json={"text": "next"}, timeout=10)
     assert r.status_code == 503 and "no decode node is available" in r.json()["error"]["message"]
@@ -220,7 +220,7 @@ def test_publisher_restart_and_malformed_frames_keep_the_directory_right(
     from cluster.kv.hashing import token_block_hashes
 
     old_path = token_block_hashes(encode(old_prompt), bt)
-    assert until(lambda: cp.directory.longest_prefix(old_path, [0]).per_node[0] == len(old_path))
+    assert until(lambda: cp.cached_prefix(old_path, 0) == len(old_path))
     kv = h.cluster.engines[0].kv
     pub = engines[0].kv_publisher
     pub.send_raw([b"", b"\x00" * 8])  # two frames
@@ -234,18 +234,18 @@ def test_publisher_restart_and_malformed_frames_keep_the_directory_right(
     ep = engines[0].endpoints
     port = engines[0].port
     engines[0].stop()
-    assert until(lambda: 0 in cp.state.unavailable, 5.0)
+    assert until(lambda: 0 in cp.unavailable_nodes(), 5.0)
     engines[0] = prefill(port, ep)
     engines[0].start()
-    assert until(lambda: 0 not in cp.state.unavailable, 5.0)
+    assert until(lambda: 0 not in cp.unavailable_nodes(), 5.0)
     new_prompt = "a different prompt after the restart " * 5
     gen(new_prompt)
     new_path = token_block_hashes(encode(new_prompt), bt)
-    assert until(lambda: cp.directory.longest_prefix(new_path, [0]).per_node[0] == len(new_path))
+    assert until(lambda: cp.cached_prefix(new_path, 0) == len(new_path))
     with cp.lock:
         # The stale blocks of the old process are gone; only the new prompt's are held.
-        assert cp.directory.longest_prefix(old_path, [0]).per_node[0] == 0
-        assert cp.directory.node_blocks(0) == len(new_path)
+        assert cp.cached_prefix(old_path, 0) == 0
+        assert cp.node_blocks(0) == len(new_path)
     node0 = httpx.get(f"{h.url}/v1/cluster", timeout=10).json()["nodes"][0]
     assert node0["publisher_restarts"] == 1 and node0["kv_stream"]["restarts"] == 1
     assert kv.num_rows > rows_before

@@ -8,13 +8,13 @@ import pytest
 
 from cluster.core import ConfigError
 from cluster.engines.standin.server import StandinEngine
-from cluster.sglang.live.fleet_file import (
+from cluster.live.fleet_file import (
     AttachedEngine,
     discover,
     load_fleet_file,
     parse_engine_arg,
 )
-from cluster.sglang.live.prom_scrape import engine_load, parse_metrics
+from cluster.live.prom_scrape import engine_load, parse_metrics
 
 VLLM_METRICS = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.

@@ -20,11 +20,11 @@ import psutil
 import pytest
 
 from cluster.core import ConfigError
-from cluster.sglang.live.agent_client import TokenMap
-from cluster.sglang.live.agent_loop import AgentLoop
-from cluster.sglang.live.cluster_file import ClusterSettings
-from cluster.sglang.live.launched import EngineLaunch, LaunchedCluster
-from cluster.sglang.live.serving import ServerThread
+from cluster.live.agent_client import TokenMap
+from cluster.live.agent_loop import AgentLoop
+from cluster.live.cluster_file import ClusterSettings
+from cluster.live.launched import EngineLaunch, LaunchedCluster
+from cluster.live.serving import ServerThread
 from cluster.workloads import TraceParams, TraceSource
 from telemetry import open_reader
 from toolkit.commands_serve_sglang import create_sglang_app

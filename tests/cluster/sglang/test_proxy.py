@@ -15,7 +15,7 @@ import pytest
 from fastapi import FastAPI, Request
 
 from cluster.kv.hashing import token_block_hashes
-from cluster.sglang.wire.toy_tokenizer import encode
+from cluster.wire.toy_tokenizer import encode
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 6  # 270 bytes, 16 full pages
 
@@ -110,11 +110,12 @@ def test_branch_headers_drive_counts_and_finish_releases_them(live_cluster) -> N
     gen(PROMPT)  # anonymous: a one-request branch, finished with its request
     path = token_block_hashes(encode(PROMPT), cp.config.block_tokens)
     with cp.lock:
-        assert set(cp.branches.branches) == {"a", "b", "c"}
-        a, b = cp.branches.branches["a"], cp.branches.branches["b"]
+        assert set(cp.active_branches()) == {"a", "b", "c"}
+        a, b = cp.branch("a"), cp.branch("b")
+        assert a is not None and b is not None
         assert (a.program_id, b.program_id, a.version) == ("prog", "prog", 1)
-        cp.branches.check_invariants()
-        shared = [cp.directory.count(node, blk) for blk in path]
+        cp.check_invariants()
+        shared = [cp.block_count(node, blk) for blk in path]
     # a and b both reference the shared prompt's blocks on the prefill node; the anonymous
     # request is finished (and the decode node, without a prefix cache, counts nothing
     # it does not hold).
@@ -122,7 +123,7 @@ def test_branch_headers_drive_counts_and_finish_releases_them(live_cluster) -> N
     r = httpx.post(f"{h.url}/v1/branches/b/finish", timeout=10)
     assert r.status_code == 200 and r.json()["finished"] is True
     with cp.lock:
-        assert [cp.directory.count(node, blk) for blk in path] == [1] * len(path)
+        assert [cp.block_count(node, blk) for blk in path] == [1] * len(path)
     assert httpx.post(f"{h.url}/v1/branches/b/finish", timeout=10).status_code == 404
     bad = httpx.post(
         f"{h.url}/generate",
@@ -164,7 +165,7 @@ def test_a_dead_prefill_engine_is_marked_down_and_requests_retry(live_cluster, u
     assert nodes[0]["healthy"] is False and nodes[0]["out_of_service"] is True
     assert "ConnectError" in nodes[0]["last_error"]
     with h.cluster.lock:
-        assert 0 in h.cluster.cp.state.unavailable and h.cluster.proxy.num_retries == 1
+        assert 0 in h.cluster.cp.unavailable_nodes() and h.cluster.proxy.num_retries == 1
 
 
 def test_health_checks_mark_engines_down_and_up_again(live_cluster, until) -> None:  # type: ignore[no-untyped-def]
@@ -174,14 +175,14 @@ def test_health_checks_mark_engines_down_and_up_again(live_cluster, until) -> No
     port = h.engines[1].port
     h.engines[1].stop()
     cp = h.cluster.cp
-    assert until(lambda: 1 in cp.state.unavailable, 5.0)
+    assert until(lambda: 1 in cp.unavailable_nodes(), 5.0)
     assert httpx.get(f"{h.url}/health", timeout=10).status_code == 200  # node 0 still serves
     h.engines[1] = StandinEngine("prefill", port=port, enable_pd_role_switch=True)
     h.engines[1].start()
-    assert until(lambda: 1 not in cp.state.unavailable, 5.0)
+    assert until(lambda: 1 not in cp.unavailable_nodes(), 5.0)
     h.engines[2].stop()  # the only decode engine
     h.engines[2] = None
-    assert until(lambda: 2 in cp.state.unavailable, 5.0)
+    assert until(lambda: 2 in cp.unavailable_nodes(), 5.0)
     r = httpx.get(f"{h.url}/health", timeout=10)
     assert r.status_code == 503 and r.json()["decode"] == []
     r = httpx.post(f"{h.url}/generate", json={"text": "hello"}, timeout=10)
@@ -196,13 +197,13 @@ def test_request_paths_match_the_blocks_the_engine_stored(
     cp = h.cluster.cp
     chat = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 2}
     assert httpx.post(f"{h.url}/v1/chat/completions", json=chat, timeout=20).status_code == 200
-    assert until(lambda: cp.directory.node_blocks(0) > 0)
-    from cluster.sglang.wire.toy_tokenizer import chat_template
+    assert until(lambda: cp.node_blocks(0) > 0)
+    from cluster.wire.toy_tokenizer import chat_template
 
     path = token_block_hashes(encode(chat_template(chat["messages"])), cp.config.block_tokens)
     with cp.lock:
-        match = cp.directory.longest_prefix(path, [0])
-    assert match.per_node[0] == len(path) > 0
+        cached = cp.cached_prefix(path, 0)
+    assert cached == len(path) > 0
     # The second identical request is routed with its whole prefix cached on node 0.
     assert httpx.post(f"{h.url}/v1/chat/completions", json=chat, timeout=20).status_code == 200
     h.close()
@@ -220,7 +221,7 @@ def test_idle_engine_connections_are_dropped_before_the_server_closes_them() -> 
     import asyncio
 
     from cluster.engines.shell.loopback import LoopbackServer
-    from cluster.sglang.live.engine_calls import KEEPALIVE_EXPIRY_S, EngineCalls
+    from cluster.live.engine_calls import KEEPALIVE_EXPIRY_S, EngineCalls
 
     app = FastAPI()
 

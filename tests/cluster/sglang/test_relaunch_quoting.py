@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.sglang.live.role_switch import SwitchFailed, relaunch_command
+from cluster.live.role_switch import SwitchFailed, relaunch_command
 
 
 def test_placeholders_are_arguments_never_shell_code(tmp_path: Path) -> None:

@@ -14,10 +14,10 @@ import pytest
 
 from cluster.engines.torch.config import EngineConfig
 from cluster.engines.torch.engine import TorchEngine
-from cluster.sglang.live.agent_client import TokenMap, play_programs
-from cluster.sglang.live.cluster import SGLangCluster
-from cluster.sglang.live.cluster_file import ClusterConfig, ClusterSettings, EngineSpec
-from cluster.sglang.live.serving import ServerThread
+from cluster.live.agent_client import TokenMap, play_programs
+from cluster.live.cluster import SGLangCluster
+from cluster.live.cluster_file import ClusterConfig, ClusterSettings, EngineSpec
+from cluster.live.serving import ServerThread
 from cluster.workloads.builder import ProgramBuilder
 from cluster.workloads.program import Program, Segment, SegmentIds
 from telemetry import open_reader

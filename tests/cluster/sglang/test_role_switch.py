@@ -89,8 +89,8 @@ def test_relaunch_fallback_switches_an_engine_without_role_switch(
         cp = h.cluster.cp
         prompt = "cached on node zero before the switch " * 4
         assert _gen(h.url, prompt).headers["x-pd-prefill-node"] == "0"
-        assert until(lambda: cp.directory.node_blocks(0) > 0)
-        held = cp.directory.node_blocks(0)
+        assert until(lambda: cp.node_blocks(0) > 0)
+        held = cp.node_blocks(0)
         r = httpx.post(
             f"{h.url}/v1/nodes/0/phase", json={"phase": "decode"}, headers=h.auth, timeout=10
         )
@@ -103,7 +103,7 @@ def test_relaunch_fallback_switches_an_engine_without_role_switch(
         sw = node0()["last_switch"]
         assert sw["ok"] and sw["method"] == "relaunch" and sw["lost_kv_blocks"] == held
         assert orch.calls == [(0, "decode")]
-        assert cp.directory.node_blocks(0) == 0  # relaunch mode drops the node's KV
+        assert cp.node_blocks(0) == 0  # relaunch mode drops the node's KV
         # The relaunched engine decodes (binder: fewest requests, lowest id).
         assert _gen(h.url, "after the relaunch").headers["x-pd-decode-node"] == "0"
         # Back to prefill: the new engine's KV events reach the directory again.
@@ -114,7 +114,7 @@ def test_relaunch_fallback_switches_an_engine_without_role_switch(
         assert until(lambda: node0()["phase"] == "prefill", 20.0)
         for i in range(4):  # round-robin over both prefill engines
             _gen(h.url, f"{i} stored again on the relaunched engine " * 4)
-        assert until(lambda: cp.directory.node_blocks(0) > 0)
+        assert until(lambda: cp.node_blocks(0) > 0)
         h.close()
     finally:
         orch.close()
@@ -151,9 +151,9 @@ def test_switches_the_engine_refuses_are_given_up_and_the_node_keeps_serving(
     assert "required=2.000 GB" in s0["message"]
     assert not s1["ok"] and "no relaunch_command is configured" in s1["message"]
     with cp.lock:
-        assert cp.switches == {} and cp.state.unavailable == set()
+        assert cp.switches == {} and cp.unavailable_nodes() == set()
         cp.check_invariants()  # the given-up switches were rolled back (cancel_switch)
-        assert cp.state.phases == {0: "prefill", 1: "prefill", 2: "prefill", 3: "decode"}
+        assert cp.phases() == {0: "prefill", 1: "prefill", 2: "prefill", 3: "decode"}
     # The last decode node cannot switch; an unknown node is 404; a bad phase 422.
     r = httpx.post(f"{h.url}/v1/nodes/3/phase", json={"phase": "prefill"}, headers=h.auth)
     assert r.status_code == 409 and "last available decode node" in r.json()["detail"]

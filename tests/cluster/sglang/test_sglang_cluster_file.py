@@ -8,7 +8,7 @@ import pytest
 
 from cluster.core import ConfigError
 from cluster.engines.standin.server import StandinEngine
-from cluster.sglang.live.cluster_file import (
+from cluster.live.cluster_file import (
     EngineSpec,
     discover_engine,
     load_cluster_file,
@@ -122,7 +122,7 @@ decode_cuda_graph_memory_gb = 3.5
 
 
 def test_toml_cluster_file_settings_and_engines(tmp_path: Path) -> None:
-    from cluster.sglang.live.cluster_file import ClusterSettings, load_cluster_config
+    from cluster.live.cluster_file import ClusterSettings, load_cluster_config
 
     path = tmp_path / "cluster.toml"
     path.write_text(TOML)
@@ -178,7 +178,7 @@ def test_toml_cluster_file_settings_and_engines(tmp_path: Path) -> None:
     ],
 )
 def test_bad_toml_cluster_files_say_what_is_wrong(tmp_path: Path, text: str, needle: str) -> None:
-    from cluster.sglang.live.cluster_file import load_cluster_config
+    from cluster.live.cluster_file import load_cluster_config
 
     path = tmp_path / "c.toml"
     path.write_text(text)
@@ -188,7 +188,7 @@ def test_bad_toml_cluster_files_say_what_is_wrong(tmp_path: Path, text: str, nee
 
 
 def test_discovery_fills_the_rest_and_refuses_a_role_mismatch() -> None:
-    from cluster.sglang.live.cluster_file import ClusterConfig
+    from cluster.live.cluster_file import ClusterConfig
 
     with StandinEngine("prefill", enable_pd_role_switch=True) as engine:
         ep = engine.endpoints
@@ -212,7 +212,7 @@ def test_discovery_fills_the_rest_and_refuses_a_role_mismatch() -> None:
 
 
 def test_block_tokens_come_from_the_settings_or_the_engines_page_size() -> None:
-    from cluster.sglang.live.cluster_file import ClusterConfig, ClusterSettings
+    from cluster.live.cluster_file import ClusterConfig, ClusterSettings
 
     def cfg(sizes: list[int | None], given: int | None = None) -> ClusterConfig:
         engines = tuple(

@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 from cluster.core import KVEvent, KVEventKind, MemorySink
-from cluster.sglang.wire.kv_collector import KVEventCollector
-from cluster.sglang.wire.kv_events import encode_batch
-from cluster.sglang.wire.publisher import ZmqBatchPublisher
+from cluster.wire.kv_collector import KVEventCollector
+from cluster.wire.kv_events import encode_batch
+from cluster.wire.publisher import ZmqBatchPublisher
 from telemetry import TelemetryWriter, open_reader
 
 

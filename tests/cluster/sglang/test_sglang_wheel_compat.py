@@ -14,10 +14,10 @@ import msgspec
 
 from cluster.core import KVEvent, KVEventKind, MemorySink
 from cluster.engines.standin.server import StandinEngine
-from cluster.sglang.wire.fpm import ForwardPassMetrics, ScheduledRequestMetrics, encode_fpm
-from cluster.sglang.wire.fpm_collector import ForwardMetricsCollector
-from cluster.sglang.wire.kv_collector import KVEventCollector
-from cluster.sglang.wire.kv_events import encode_batch
+from cluster.sglang.fpm import ForwardPassMetrics, ScheduledRequestMetrics, encode_fpm
+from cluster.sglang.fpm_collector import ForwardMetricsCollector
+from cluster.wire.kv_collector import KVEventCollector
+from cluster.wire.kv_events import encode_batch
 
 
 def _free_port() -> int:

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cluster.core import KVEvent, KVEventKind
-from cluster.sglang.wire.fpm import (
+from cluster.sglang.fpm import (
     ForwardPassMetrics,
     ScheduledRequestMetrics,
     decode_fpm,
@@ -19,7 +19,7 @@ from cluster.sglang.wire.fpm import (
     estimate_attn_pairs,
     iteration_rows,
 )
-from cluster.sglang.wire.kv_events import (
+from cluster.wire.kv_events import (
     WIRE_FORMATS,
     BatchDecoder,
     WireError,

@@ -30,9 +30,9 @@ from vllm_kv_mirror import (
     block_hash,
 )
 
-from cluster.sglang.wire.fpm import decode_fpm
-from cluster.sglang.wire.kv_events import BatchDecoder, to_int64
-from cluster.sglang.wire.publisher import ZmqBatchPublisher
+from cluster.sglang.fpm import decode_fpm
+from cluster.wire.kv_events import BatchDecoder, to_int64
+from cluster.wire.publisher import ZmqBatchPublisher
 from telemetry import open_reader
 from toolkit.cli import app
 

@@ -37,9 +37,9 @@ from vllm_stats_mirror import (
     vllm_config,
 )
 
-from cluster.sglang.wire.fpm import DecodeRow, PrefillRow
-from cluster.sglang.wire.vllm_step_collector import StepEmitter
-from cluster.sglang.wire.vllm_steps import decode_step, encode_step, step_from_stats
+from cluster.wire.iteration_rows import DecodeRow, PrefillRow
+from cluster.wire.vllm_step_collector import StepEmitter
+from cluster.wire.vllm_steps import decode_step, encode_step, step_from_stats
 from models import attn_pairs
 from telemetry import TelemetryWriter, open_reader
 from toolkit import vllm_plugin

@@ -44,7 +44,7 @@ def observed():
     def on_begin(node, req):
         if not req.recompute and req.t_prefill_start is None:
             seen["begin"]["n"] += 1
-            st = sim.cp.branches.branches.get(req.branch_id)
+            st = sim.cp._branches.branches.get(req.branch_id)  # the control plane's own table
             counted = None if st is None else st.counted.get(node.id)
             # The branch is active, its last request is this one, and its placement on the
             # prefill node counts the whole path (blocks still to be fetched included).
@@ -92,5 +92,5 @@ def test_placement_counts_survive_until_prefill_starts(observed):
 
 def test_counts_match_a_recount_after_the_run(observed):
     sim, summary, *_ = observed
-    sim.cp.branches.check_invariants()
+    sim.cp.check_invariants()
     assert summary["lost_kv_reuse"] < 0.25

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from cluster.core import ConfigError, MemorySink
 from cluster.data import BUNDLED
-from cluster.hardware.engine import GIB, EngineSettings
+from cluster.hardware.engine_settings import GIB, EngineSettings
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_profile import build_profile
 from cluster.sim.simulator import SimConfig, Simulator

@@ -148,7 +148,7 @@ def test_manual_switch_moves_queue_and_completes():
         sim.step_until(t)
     queued = [r.request_id for r in sim.nodes[0].queue]
     sw = sim.cp.request_switch(0, "decode", sim.now, trigger="manual")
-    assert sw.from_phase == "prefill" and 0 in sim.cp.state.unavailable  # draining
+    assert sw.from_phase == "prefill" and 0 in sim.cp.unavailable_nodes()  # draining
     assert not sim.nodes[0].queue  # queued requests moved to the other prefill node
     assert {r.request_id for r in sim.nodes[1].queue + sim.nodes[1].prefilling} >= set(queued)
     with pytest.raises(SwitchError, match="already switching"):
@@ -160,7 +160,7 @@ def test_manual_switch_moves_queue_and_completes():
     rows = sink.rows("phase_switches")
     assert len(rows) == 1 and rows[0]["trigger"] == "manual" and rows[0]["to_phase"] == "decode"
     assert rows[0]["t_done"] >= rows[0]["t_decided"]
-    assert sim.cp.state.phases[0] == "decode" and summary["final_split"] == "1P3D"
+    assert sim.cp.phase_of(0) == "decode" and summary["final_split"] == "1P3D"
     # After the switch node 0 only decodes.
     late = [
         r
@@ -185,14 +185,14 @@ def test_relaunch_keeps_node_out_of_service_and_drops_its_kv():
     sink = MemorySink()
     sim = Simulator(cfg, sink=sink)
     sim.step_until(200.0)
-    held = sim.cp.directory.node_blocks(3)
+    held = sim.cp.node_blocks(3)
     assert held > 0
     sim.cp.request_switch(3, "prefill", sim.now, trigger="manual", mode="relaunch")
     sim.step_until(300.0)
     node = sim.nodes[3]
-    assert node.out_of_service and sim.cp.directory.node_blocks(3) == 0
+    assert node.out_of_service and sim.cp.node_blocks(3) == 0
     sim.step_until(900.0)
-    assert not node.out_of_service and sim.cp.state.phases[3] == "prefill"
+    assert not node.out_of_service and sim.cp.phase_of(3) == "prefill"
     done = sim.switch_rows()
     assert done[0]["t_done"] - done[0]["t_decided"] >= 300.0
     sim.finish()
@@ -251,7 +251,7 @@ def test_learning_period_shorter_than_the_warmup():
     # Collocated (4 nodes serving both phases) until t = 100, then the 3P1D split.
     assert sim.split_timeline[0] == (0.0, 4, 4)
     assert sim.split_timeline[1] == (100.0, 3, 1)
-    assert sim.warm and set(sim.cp.state.models) == {0, 1, 2, 3}  # fitted at the end of learning
+    assert sim.warm and set(sim.cp.models()) == {0, 1, 2, 3}  # fitted at the end of learning
     # The first planner window closes at 100 + 120 s, inside the 500 s warmup.
     decided = [t for t, *_ in sim.split_timeline[2:]]
     assert not decided or decided[0] >= 220.0

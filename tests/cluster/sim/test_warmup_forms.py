@@ -37,14 +37,14 @@ def test_a_decode_context_term_is_found_on_every_node_and_priced_by_the_planner(
     forms = sim.fit.forms()
     assert {forms[f"{n}.decode"] for n in range(4)} == {"ctx"}, forms
     for n in range(4):
-        d = sim.cp.state.models[n].decode
+        d = sim.cp.models()[n].decode
         assert d.d3 == pytest.approx(truth, rel=0.1), (n, d)
         # the planner's decode occupancy (Eq. 4) now grows with the context
-        m = sim.cp.state.models[n]
+        m = sim.cp.models()[n]
         short, long_ = RequestWork(1000, 0, 100), RequestWork(100_000, 0, 100)
         assert m.decode_request_time(long_, 32) > 1.5 * m.decode_request_time(short, 32)
     # the router prices prefill with the fitted forms (ControlPlaneConfig.prefill_forms)
-    assert set(sim.cp.state.prefill_predictors) == set(range(4))
+    assert sim.cp.form_priced_nodes() == set(range(4))
     assert sim.record().forms == forms
 
 
@@ -53,7 +53,7 @@ def test_without_a_context_term_eq_2_is_kept() -> None:
     forms = sim.fit.forms()
     # ctx fits as well as Eq. 2 here (d3 ~ 0), so the simpler form is kept on every node
     assert {forms[f"{n}.decode"] for n in range(4)} == {"paper"}, forms
-    assert all(m.decode.d3 == 0.0 for m in sim.cp.state.models.values())
+    assert all(m.decode.d3 == 0.0 for m in sim.cp.models().values())
     assert sim.fit.report["0.decode"]["cv_rmse"]["ctx"] > 0.02  # the noise, not zero
 
 
@@ -61,8 +61,8 @@ def test_the_paper_form_changes_nothing_and_names_no_forms() -> None:
     sim = _run(GB300, "paper")
     assert sim.record().forms is None
     assert "warmup_forms" not in sim.finish()
-    assert not sim.cp.state.prefill_predictors
-    assert all(m.decode.d3 == 0.0 for m in sim.cp.state.models.values())
+    assert not sim.cp.form_priced_nodes()
+    assert all(m.decode.d3 == 0.0 for m in sim.cp.models().values())
 
 
 def test_a_form_of_one_phase_keeps_eq_1_for_the_other() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cluster.data import BUNDLED
-from cluster.hardware.engine import EngineSettings
+from cluster.hardware.engine_settings import EngineSettings
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_tables import OperatorTables
 from cluster.hardware.pricer import IterationPricer, Parallelism
