@@ -1,0 +1,105 @@
+"""Running and waiting requests over time (SPEC §5 metrics): what the engines recorded, and
+what the request timestamps say (`toolkit.queries.series`).
+
+Top panel: requests running and waiting, recorded by the engines (solid) and rebuilt from
+the requests' times (dotted; the two agree when the clocks do). Bottom panel, when the
+engines recorded it: the share of GPU KV cache blocks in use (%).
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+import polars as pl
+from plotly.subplots import make_subplots
+
+from toolkit.plots.common import no_data, style
+from toolkit.queries.run import Source, open_run
+from toolkit.queries.series import QueueSeries, queue_series
+
+TITLE = "Running and waiting requests over time"
+COLORS = {"running": "#1f77b4", "waiting": "#ff7f0e", "in_flight": "#7f7f7f"}
+NAMES = {"running": "running", "waiting": "waiting", "in_flight": "in flight"}
+
+
+def queue_over_time(db: Source, run_id: str | None = None, *, bins: int = 600) -> go.Figure:
+    """Running and waiting requests (recorded and from request times) and KV cache use."""
+    with open_run(db, run_id) as run:
+        data = queue_series(run, bins=bins)
+    return draw_queue(data)
+
+
+def draw_queue(data: QueueSeries) -> go.Figure:
+    """The figure of `queue_over_time` from its data."""
+    if data.missing:
+        return no_data(TITLE, data.run_id, data.missing)
+    rec, der = data.recorded, data.derived
+    kv = rec.filter(pl.col("metric") == "kv_cache_pct") if rec.height else rec
+    rows = 2 if kv.height else 1
+    fig = make_subplots(
+        rows=rows,
+        cols=1,
+        shared_xaxes=True,
+        row_heights=[0.68, 0.32] if rows == 2 else [1.0],
+        vertical_spacing=0.08,
+    )
+    for metric in ("running", "waiting"):
+        part = rec.filter(pl.col("metric") == metric) if rec.height else rec
+        if not part.height:
+            continue
+        fig.add_trace(
+            go.Scatter(
+                x=part["t"].to_list(),
+                y=part["value"].to_list(),
+                mode="lines",
+                line={"color": COLORS[metric], "width": 2},
+                name=f"{NAMES[metric]} (recorded)",
+                hovertemplate="t=%{x:.1f} s: %{y:.0f} " + metric + "<extra>recorded</extra>",
+            ),
+            row=1,
+            col=1,
+        )
+    for metric in ("running", "waiting", "in_flight"):
+        if metric not in der.columns:
+            continue
+        fig.add_trace(
+            go.Scatter(
+                x=der["t"].to_list(),
+                y=der[metric].to_list(),
+                mode="lines",
+                line={"color": COLORS[metric], "width": 1.3, "dash": "dot", "shape": "hv"},
+                name=f"{NAMES[metric]} (from request times)",
+                hovertemplate="t=%{x:.1f} s: %{y} "
+                + NAMES[metric]
+                + "<extra>from request times</extra>",
+            ),
+            row=1,
+            col=1,
+        )
+    if kv.height:
+        fig.add_trace(
+            go.Scatter(
+                x=kv["t"].to_list(),
+                y=(kv["value"] / 100).to_list(),
+                mode="lines",
+                line={"color": "#2ca02c", "width": 1.8},
+                name="KV cache in use (recorded)",
+                hovertemplate="t=%{x:.1f} s: %{y:.1%} of GPU KV blocks<extra></extra>",
+            ),
+            row=2,
+            col=1,
+        )
+        fig.update_yaxes(
+            title_text="GPU KV in use", tickformat=".0%", range=[0, 1.05], row=2, col=1
+        )
+    for t in data.switch_times:
+        fig.add_vline(x=t, line={"color": "#d62728", "width": 1, "dash": "dot"})
+    fig.update_yaxes(title_text="requests", rangemode="tozero", row=1, col=1)
+    fig.update_xaxes(title_text="time since run start (s)", row=rows, col=1)
+    parts = []
+    if data.recorded_from:
+        parts.append(f"solid: recorded by {data.recorded_from}")
+    if der.height:
+        parts.append(f"dotted: from request times at {data.width_s:g} s steps")
+    fig = style(fig, TITLE, data.run_id, "; ".join(parts), height=460 if rows == 2 else 380)
+    fig.update_layout(legend={"orientation": "h", "y": -0.18, "x": 0})
+    return fig
