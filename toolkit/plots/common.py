@@ -189,7 +189,7 @@ def percent_axis(
     if zero or lo_r <= hi - lo:
         lo_r = 0.0
     hi_r += headroom * (hi_r - lo_r)
-    step = _round_step((hi_r - lo_r) / ticks)
+    step = round_step((hi_r - lo_r) / ticks)
     decimals = max(0, -math.floor(math.log10(100 * step) + 1e-9))
     return {
         "range": [lo_r, hi_r],
@@ -199,7 +199,7 @@ def percent_axis(
     }
 
 
-def _round_step(raw: float) -> float:
+def round_step(raw: float) -> float:
     """The 1, 2, 5 x 10^k step nearest to `raw` (on a log scale)."""
     exp = math.floor(math.log10(raw))
     steps = [m * 10.0**exp for m in (1.0, 2.0, 5.0, 10.0)]

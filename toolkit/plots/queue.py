@@ -13,7 +13,7 @@ import polars as pl
 from plotly.subplots import make_subplots
 
 from toolkit.plots.common import no_data, style
-from toolkit.queries.run import Source, open_run
+from toolkit.queries.run import Source, open_run, time_bin_width
 from toolkit.queries.series import QueueSeries, queue_series
 
 TITLE = "Running and waiting requests over time"
@@ -103,3 +103,72 @@ def draw_queue(data: QueueSeries) -> go.Figure:
     fig = style(fig, TITLE, data.run_id, "; ".join(parts), height=460 if rows == 2 else 380)
     fig.update_layout(legend={"orientation": "h", "y": -0.18, "x": 0})
     return fig
+
+
+TWIN_TITLE = "Running and waiting requests: the real run and its twin"
+
+
+def twin_queue(
+    db: Source,
+    run_id: str,
+    trace: pl.DataFrame | list[tuple[float, int, int, int]],
+    *,
+    kv_blocks: int | None = None,
+    points: int = 2000,
+) -> go.Figure:
+    """The real run's running/waiting (recorded by its engine, else from its request times)
+    under the twin's engine trace (t_s, running, waiting, kv_blocks after every iteration;
+    `toolkit.twin.TwinResult.engines[i].trace`), kept to about `points` steps (each step's
+    last state). With `kv_blocks` (the twin's KV capacity) its KV use joins the recorded one.
+    """
+    with open_run(db, run_id) as run:
+        data = queue_series(run)
+    if data.missing:
+        return no_data(TWIN_TITLE, data.run_id, data.missing)
+    twin = trace if isinstance(trace, pl.DataFrame) else pl.DataFrame(
+        trace, schema=["t_s", "running", "waiting", "kv_blocks"], orient="row"
+    )  # fmt: skip
+    span = float(twin["t_s"].max() or 0.0) if twin.height else 0.0
+    if twin.height > points and span > 0:
+        width = time_bin_width(span, points)
+        twin = (
+            twin.with_columns(k=(pl.col("t_s") / width).ceil())
+            .group_by("k")
+            .agg(pl.all().sort_by("t_s").last())
+            .sort("t_s")
+        )
+    fig = draw_queue(
+        data._replace(derived=data.derived if data.recorded.is_empty() else pl.DataFrame())
+    )
+    real = "recorded" if not data.recorded.is_empty() else "from request times"
+    for trace_ in fig.data:
+        trace_.name = f"real run: {trace_.name}"
+        trace_.line.dash = None  # the real run solid, the twin dashed
+    for metric in ("running", "waiting"):
+        fig.add_trace(
+            go.Scatter(
+                x=twin["t_s"].to_list(),
+                y=twin[metric].to_list(),
+                mode="lines",
+                line={"color": COLORS[metric], "width": 1.5, "dash": "dash", "shape": "hv"},
+                name=f"twin: {metric}",
+                hovertemplate="t=%{x:.1f} s: %{y} " + metric + "<extra>twin</extra>",
+            ),
+            row=1,
+            col=1,
+        )
+    if kv_blocks and "yaxis2" in fig.layout:
+        fig.add_trace(
+            go.Scatter(
+                x=twin["t_s"].to_list(),
+                y=(twin["kv_blocks"] / kv_blocks).to_list(),
+                mode="lines",
+                line={"color": "#2ca02c", "width": 1.5, "dash": "dash"},
+                name="twin: KV cache in use",
+                hovertemplate="t=%{x:.1f} s: %{y:.1%} of GPU KV blocks<extra>twin</extra>",
+            ),
+            row=2,
+            col=1,
+        )
+    note = f"solid: the real run ({real}); dashed: the twin's engine after every iteration"
+    return style(fig, TWIN_TITLE, data.run_id, note, height=fig.layout.height or 460)
