@@ -14,6 +14,8 @@ from typing import Any
 import plotly.graph_objects as go
 import polars as pl
 
+from toolkit.plots.common import style
+
 _LATENCY = "t_first_token - t_arrival AS ttft_s, t_done - t_arrival AS e2e_s, t_arrival, t_done"
 
 
@@ -93,11 +95,12 @@ def switch_effect_figure(
         annotation_text=f"node {sw['node_id']} {sw['from_phase']} → {sw['to_phase']} "
         f"({sw['trigger']})",
     )
-    fig.update_layout(
-        title=f"latency around the switch of node {sw['node_id']} (run {run_id})",
-        xaxis_title="arrival time (s)",
-        yaxis_title="seconds",
-        template="plotly_white",
+    return style(
+        fig.update_yaxes(title_text="mean latency (s)", rangemode="tozero").update_xaxes(
+            title_text=f"arrival time, {float(bin_s):g}-s bins (s since run start)"
+        ),
+        f"Latency around the switch of node {sw['node_id']}",
+        run_id,
+        "shaded: from the decision to the node serving its new phase",
         height=380,
     )
-    return fig
