@@ -154,7 +154,8 @@ def hover(r: dict[str, Any]) -> str:
     head = f"<b>{r['phase']} pass {r['iter_id']}</b> on node {r['node_id']}<br>"
     head += f"starts {r['t_start']:.4f} s, takes {ms:.2f} ms<br>"
     if r["phase"] == "prefill":
-        head += f"{r['size']} requests, {r['tokens']:,} new tokens ({r['ctx_tokens']:,} cached)"
+        reqs = "1 request" if r["size"] == 1 else f"{r['size']} requests"
+        head += f"{reqs}, {r['tokens']:,} new tokens ({r['ctx_tokens']:,} cached)"
     else:
         head += f"batch {r['size']}, {r['tokens']:,} tokens, context {r['ctx_tokens']:,} tokens"
     ids = r.get("request_ids") or []
