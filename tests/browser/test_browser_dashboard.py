@@ -207,6 +207,13 @@ def test_notebook_04_dashboard_switch_button_in_chromium(lab: Lab) -> None:
             assert box is not None
             _save(page.screenshot(clip=box), f"dashboard-{lab.engines}.png")
             _save(page.screenshot(full_page=True), f"notebook04-{lab.engines}.png")
+            # Below the controls: each node's passes of the last seconds (the pass timeline).
+            timeline = page.locator(".pdlab-timeline")
+            timeline.scroll_into_view_if_needed()
+            timeline.locator(".main-svg").first.wait_for(timeout=60_000)
+            box = timeline.bounding_box()
+            assert box is not None
+            _save(page.screenshot(clip=box), f"dashboard-timeline-{lab.engines}.png")
         finally:
             browser.close()
 

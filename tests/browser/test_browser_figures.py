@@ -8,7 +8,7 @@
   output drawn by plotly.js as JupyterLab's renderer draws it).
 
 Screenshots go to tests/browser/artifacts/ (and $PDLAB_ARTIFACTS when set): report-request-
-only.png, report-pd-cluster.png, gantt.png, gantt-hover.png, nb05-seeds.png.
+only.png, report-pd-cluster.png, gantt.png, gantt-hover.png, nb05-seeds.png, lag-badge.png.
 """
 
 from __future__ import annotations
@@ -158,5 +158,21 @@ def test_notebook_05_multi_seed_figure(browser, tmp_path: Path, monkeypatch) -> 
         text = page.inner_text("#f")
         assert "paired by seed" in text and "static planner" in text
         _save(page.locator("#f").screenshot(), "nb05-seeds.png")
+    finally:
+        page.close()
+
+
+@pytest.mark.browser
+def test_the_lag_badge_glyph_is_one_chromium_draws(browser) -> None:
+    from toolkit.client import PdlabClient
+    from toolkit.widgets import ClusterDashboard
+
+    dash = ClusterDashboard(client=PdlabClient("http://127.0.0.1:9", "x"), timeline=False)
+    dash._draw_health({"lag_s": 120.0, "speed": 20.0})
+    page = browser.new_page(viewport={"width": 900, "height": 120})
+    try:
+        page.set_content(f"<body style='font-family: sans-serif'>{dash.lag_badge.value}</body>")
+        assert "⚠ lag: 120 simulated s behind" in page.inner_text("body")
+        _save(page.locator("span").screenshot(), "lag-badge.png")
     finally:
         page.close()

@@ -120,7 +120,11 @@ def draw_pass_window(
     )
     h = height or min(190 + sum(plot_px) + (80 if top else 0), 1200)
     fig = style(fig, TITLE, data.run_id, what, height=h)
-    fig.update_layout(barmode="overlay", bargap=0.3, legend={"orientation": "h", "y": -0.12})
+    fig.update_layout(
+        barmode="overlay",
+        bargap=0.3,
+        legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 1.0, "xanchor": "right"},
+    )
     return fig
 
 

@@ -190,3 +190,13 @@ def default_window(run: Run, *, passes: int = DEFAULT_PASSES) -> tuple[float, fl
     mid = best["t_bin"] + width / 2
     lo = min(max(mid - span / 2, start), t_end - span)
     return lo, lo + span
+
+
+def last_pass_start(run: Run) -> float | None:
+    """When the run's last logged pass started (a live run: what is written so far)."""
+    got = run.scalar(
+        "SELECT greatest((SELECT max(t_start) FROM prefill_iterations WHERE run_id = ?), "
+        "(SELECT max(t_start) FROM decode_iterations WHERE run_id = ?))",
+        [run.run_id, run.run_id],
+    )
+    return None if got is None else float(got)

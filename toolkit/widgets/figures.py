@@ -79,7 +79,7 @@ def gains_figure() -> go.Figure:
         layout={
             **_LAYOUT,
             "title": {"text": title_text(GAINS_TITLE, None, "no evaluation yet")},
-            "yaxis_title": "throughput gain Θ (requests/s)",
+            "yaxis_title": "gain Θ (requests/s)",
             "showlegend": False,
         }
     )

@@ -4,7 +4,7 @@ Reads the run's database while the server writes it (a `telemetry.TelemetryReade
 the file and its live segments; the server flushes them every few wall seconds) and draws
 `toolkit.plots.timeline.draw_pass_window`: each node's prefill and decode passes with the
 requests in each (hover), or the busy share per time bin above `max_passes`. Following the
-run, the window is the last `window_s` seconds of cluster time up to the data written so
+run, the window is the `window_s` seconds of cluster time up to the last pass written so
 far; unticking "follow" keeps the window at "from". A query runs at most every `every_s`
 wall seconds (each holds the database for one read, which the writer waits for).
 """
@@ -22,7 +22,7 @@ from telemetry import TelemetryError, open_reader
 from toolkit.plots.common import no_data
 from toolkit.plots.timeline import TITLE, draw_pass_window
 from toolkit.queries.run import open_run
-from toolkit.queries.timeline import pass_window
+from toolkit.queries.timeline import last_pass_start, pass_window
 from toolkit.widgets.live_plot import LivePlot
 
 MAX_PASSES = 1500  # single passes up to this; a live view stays light
@@ -70,10 +70,16 @@ class PassTimelineView:
             return False
         self._last = time.monotonic()
         span = float(self.window.value)
-        t0 = max(now - span, 0.0) if self.follow.value else max(float(self.start.value), 0.0)
-        t1 = t0 + span if not self.follow.value else max(now, t0 + 1e-6)
         try:
             with open_run(open_reader(db), run_id) as run:
+                if self.follow.value:  # up to the last pass written (flushed every few s)
+                    last = last_pass_start(run)
+                    t1 = min(now, last + 1e-6) if last is not None else now
+                    t0 = max(t1 - span, 0.0)
+                    t1 = max(t1, t0 + 1e-6)
+                else:
+                    t0 = max(float(self.start.value), 0.0)
+                    t1 = t0 + span
                 data = pass_window(run, t0, t1, max_passes=MAX_PASSES)
         except (TelemetryError, ValueError) as exc:
             self.note.value = f"<small>pass timeline: {exc}</small>"
