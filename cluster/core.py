@@ -52,7 +52,8 @@ class TelemetrySink(Protocol):
 
     `emit` takes one table name (SPEC §3, without run_id) and column arrays of equal length.
     A sink that keeps nothing may say so with a class attribute `discards_rows = True`
-    (`NullSink`): the simulator then builds no rows for it.
+    (`NullSink`): the simulator then builds no rows for it; one that reads only some tables
+    may name them in an attribute `reads_tables` (a frozenset): others need not reach it.
     """
 
     def emit(self, table: str, columns: Mapping[str, Sequence[Any]]) -> None: ...
@@ -85,6 +86,35 @@ class MemorySink:
             return []
         names = list(cols)
         return [dict(zip(names, vals, strict=True)) for vals in zip(*cols.values(), strict=True)]
+
+
+class TeeSink:
+    """Hands every batch to each of `sinks` in order (the database, then a live server's
+    metrics): one set of rows feeds both, so they cannot disagree. Its `reads_tables` are those
+    any of them reads (None: every table), as a sink may declare (BufferedSink skips the
+    rest)."""
+
+    def __init__(self, *sinks: TelemetrySink) -> None:
+        self.sinks = sinks
+        self.reads_tables: frozenset[str] | None = frozenset()
+        for s in sinks:
+            kept = getattr(s, "reads_tables", None)
+            if kept is None or self.reads_tables is None:
+                self.reads_tables = None
+            else:
+                self.reads_tables |= kept
+
+    def emit(self, table: str, columns: Mapping[str, Sequence[Any]]) -> None:
+        for sink in self.sinks:
+            sink.emit(table, columns)
+
+
+def tee(*sinks: TelemetrySink | None) -> TelemetrySink | None:
+    """The sinks given (None ones left out) as one: None for none, the sink itself for one."""
+    kept = [s for s in sinks if s is not None]
+    if not kept:
+        return None
+    return kept[0] if len(kept) == 1 else TeeSink(*kept)
 
 
 T = TypeVar("T")

@@ -2,6 +2,7 @@
 
 Prefill (Eq. 1):  T_P = c0 + c1*sum(t_uc) + c2*sum(A) + c3*sum(t_rst)
 Expert coverage:  phi(B) = 1 - (1 - k/E)^(t_fwd*B), phi == 0 for a dense model (E = 0)
+                  (skew s > 0: routing concentrated on popular experts, models.expert_skew)
 Decode (Eq. 2):   T_D(B) = d0 + d1*phi(B) + d2*B
 All coefficients are in seconds (per iteration, per token, per query-key pair, ...).
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -25,9 +27,20 @@ FloatArray = npt.NDArray[np.float64]
 
 
 def phi(
-    batch_size: float | FloatArray, top_k: int, num_experts: int, t_fwd: float | FloatArray = 1.0
+    batch_size: float | FloatArray,
+    top_k: int,
+    num_experts: int,
+    t_fwd: float | FloatArray = 1.0,
+    skew: float = 0.0,
 ):  # type: ignore[no-untyped-def,unused-ignore]
-    """Expected fraction of routed experts that t_fwd*B tokens select (App. B.3)."""
+    """Expected fraction of routed experts that t_fwd*B tokens select (App. B.3).
+
+    App. B.3 assumes uniform routing (`skew` 0). With `skew` s > 0 expert i is chosen with
+    popularity proportional to i^-s (models.expert_skew.phi_skewed): fewer distinct experts
+    are touched by the same tokens."""
+    if skew:
+        tokens = np.asarray(t_fwd, dtype=np.float64) * np.asarray(batch_size, dtype=np.float64)
+        return phi_skewed(tokens, top_k, num_experts, skew)
     if num_experts <= 0:
         return (
             np.zeros_like(np.asarray(batch_size, dtype=np.float64))
@@ -40,6 +53,27 @@ def phi(
     tokens = np.asarray(t_fwd, dtype=np.float64) * np.asarray(batch_size, dtype=np.float64)
     out = 1.0 - np.power(base, tokens)
     return float(out) if np.ndim(out) == 0 else out
+
+
+def expert_pick_probability(top_k: int, num_experts: int, skew: float) -> FloatArray:
+    """q_i: probability that expert i is among one token's k picks when expert i's
+    popularity is proportional to i^-skew (models.expert_skew); k/E for skew 0."""
+    if not 0 < top_k <= num_experts:
+        raise ValueError(f"top_k must be in 1..num_experts={num_experts}, got {top_k}")
+    if skew < 0:
+        raise ValueError(f"skew must be >= 0, got {skew}")
+    w = np.arange(1, num_experts + 1, dtype=np.float64) ** -skew
+    return np.minimum(1.0, top_k * w / w.sum())
+
+
+def phi_skewed(tokens: float | FloatArray, top_k: int, num_experts: int, skew: float) -> Any:
+    """phi_s(T) = mean_i [1 - (1 - q_i)^T]: the fraction of experts T tokens touch."""
+    if num_experts <= 0:
+        return np.zeros_like(np.asarray(tokens, dtype=np.float64)) if np.ndim(tokens) else 0.0
+    q = expert_pick_probability(top_k, num_experts, skew)
+    t = np.asarray(tokens, dtype=np.float64)
+    out = 1.0 - np.mean((1.0 - q)[None, :] ** t.reshape(-1, 1), axis=1)
+    return float(out[0]) if t.ndim == 0 else out.reshape(t.shape)
 
 
 def _coefs(values: Sequence[float], n: int, name: str) -> tuple[float, ...]:
@@ -152,6 +186,7 @@ class DecodeModel:
     num_experts: int = 256
     t_fwd: float = 1.0
     d3: float = 0.0
+    skew: float = 0.0  # routing skew of phi (models.expert_skew); 0: uniform (App. B.3)
 
     @classmethod
     def from_coef(
@@ -174,7 +209,8 @@ class DecodeModel:
         return (self.d0, self.d1, self.d2, self.d3)
 
     def phi(self, batch_size: float | FloatArray, t_fwd: float | FloatArray | None = None):  # type: ignore[no-untyped-def,unused-ignore]
-        return phi(batch_size, self.top_k, self.num_experts, self.t_fwd if t_fwd is None else t_fwd)
+        fwd = self.t_fwd if t_fwd is None else t_fwd
+        return phi(batch_size, self.top_k, self.num_experts, fwd, self.skew)
 
     def iteration_time(
         self, batch_size: float, t_fwd: float | None = None, ctx_tokens: float = 0.0

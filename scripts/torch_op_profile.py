@@ -12,8 +12,12 @@ prices the group's iterations from the engine itself.
 
 `--calibrate DB RUN --from DIR` measures nothing: it calibrates the bundle DIR in situ on
 a recorded group run (toolkit.torch_profile_calibration: operator times scaled by the
-run's measured / priced compute, link refitted on its collectives) into `-o` and imports
-that. Calibrate on a run kept for it; compare the twin on other runs.
+run's measured / priced compute, the link fitted on its lockstep steps) into `-o` and
+imports that ("fitted on run RUN" in the profile). Calibrate on a run kept for it; compare
+the twin on other runs. `--import-only` imports the bundle `-o` as it is.
+
+    python scripts/torch_op_profile.py -o toolkit/data/torch_ep_group/profile_calibrated \
+        --calibrate runs.duckdb ep2-fit --from toolkit/data/torch_ep_group/profile
 """
 
 from __future__ import annotations
@@ -41,12 +45,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
     p.add_argument("--calibrate", nargs=2, metavar=("DB", "RUN"), default=None)
     p.add_argument("--from", dest="src", type=Path, default=None, help="bundle to calibrate")
+    p.add_argument("--import-only", action="store_true", help="import the bundle -o as it is")
     a = p.parse_args(argv)
     from cluster.engines.torch.config import preset
     from cluster.engines.torch.loop_profile import profile_group
 
     t0 = time.monotonic()
-    if a.calibrate is not None:
+    if a.import_only:
+        pass
+    elif a.calibrate is not None:
         from toolkit.torch_profile_calibration import calibrate
 
         if a.src is None:
@@ -64,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
            "--link-latency-us", f"{link['link_latency_s'] * 1e6:.6g}",
            "--max-num-seqs", str(a.max_num_seqs),
            "--max-num-batched-tokens", str(a.max_num_batched_tokens),
-           "--hardware", f"cpu-{a.threads}thread", "--name", a.out.name]  # fmt: skip
+           "--hardware", f"cpu, {a.threads} torch thread(s) per rank", "--name", a.out.name]  # fmt: skip
     subprocess.run(cmd, check=True, cwd=ROOT)
     print(f"{a.out} and {out_json} in {time.monotonic() - t0:.0f} s", file=sys.stderr)
 

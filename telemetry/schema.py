@@ -15,6 +15,7 @@ from telemetry.columns import column as _c
 from telemetry.schema_groups import GROUP_TABLES
 from telemetry.schema_imported import imported_tables
 from telemetry.schema_serving import CPU, OVERHEAD, SERVING_TABLES
+from telemetry.silicon_table import SILICON_VALIDATION_COLUMNS
 
 SCHEMA_VERSION = 1
 META_TABLE = "pdlab_meta"
@@ -439,6 +440,8 @@ TABLES: dict[str, tuple[Column, ...]] = {
         _c("labels", "VARCHAR", "the sample's labels as JSON", nullable=True),
         _c("value", "DOUBLE", "its value: a gauge, or a counter's total since the engine started"),
     ),
+    # `pdlab validate silicon`: one row per row of a silicon CSV (telemetry/silicon_table.py).
+    "silicon_validation": (RUN_ID, *(_c(**c) for c in SILICON_VALIDATION_COLUMNS)),
 }
 # Imported real runs and their references (telemetry.schema_imported).
 TABLES.update(imported_tables(_c, RUN_ID))

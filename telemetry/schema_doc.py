@@ -62,6 +62,9 @@ TABLE_DOCS: dict[str, str] = {
     "real run's ('vLLM') and simulators' figures for it.",
     "engine_metrics": "One row per sample of an engine's Prometheus /metrics scraped by "
     "`pdlab attach` (gauges and counters; histogram buckets are not kept).",
+    "silicon_validation": "One row per row of a silicon CSV checked by `pdlab validate "
+    "silicon` (docs/silicon.md): measured TTFT and TPOT beside the twin's and "
+    "AIConfigurator's.",
 }
 
 _INTRO = """\

@@ -8,11 +8,15 @@ definitions), each the mean over seeds with an interval:
 
 - the seed spread: mean +- t(0.975, K-1) * sd / sqrt(K) over K seeds (the simulator's
   iteration-time noise; a single seed gives a point);
-- widened by the twin's measured error where the run has a twin (`pdlab twin` stored one):
-  lo * (1 - |e|), hi * (1 + |e|) with e the twin's sim / real - 1 on that metric, the rule
-  of `pdlab twin --what-if`. `interval` in the result says which. The twin measures the
-  engine model's error on the recorded settings, not this simulator's on other splits: an
-  indication of how far the replay may be off, not a bound.
+- widened by the twin's error where a twin of the run is used (toolkit.advise_workload:
+  `--twin RUN`, or the one made with the same profile; never a forced one): with [e_lo,
+  e_hi] the twin's 95% interval of sim / real - 1 on that metric (its measured error
+  included both ways), the real value of an estimate lies in [lo / (1 + e_hi), hi /
+  (1 + e_lo)]. A twin whose interval reaches -100% (an error of 100% or more) leaves the
+  upper end not known (infinite): the table says so instead of an interval from 0.
+  `interval` in the result says which. The twin measures the engine model's error on the
+  recorded settings, not this simulator's on other splits: an indication of how far the
+  replay may be off, not a bound.
 
 The switch cost of moving from the run's split to each candidate is the planner's own
 switch model run on the same workload: the run starts on the run's split and, at the end
@@ -107,6 +111,8 @@ class Advice(NamedTuple):
     interval: str  # "seeds" or "seeds+twin"
     twin_run_id: str | None
     twin_error: dict[str, float]
+    twin_interval: dict[str, tuple[float, float]]  # the twin's 95% interval of its error
+    twin_note: str | None  # twins of the run that were not used, and why
     recorded: dict[str, float]  # the real run's metrics (its own split only)
     splits: list[SplitAdvice]  # ranked, best first
     windows: WindowAdvice
@@ -123,6 +129,10 @@ class Advice(NamedTuple):
             "interval": self.interval,
             "twin_run_id": self.twin_run_id,
             "twin_error": {k: self.twin_error[k] for k in METRICS if k in self.twin_error},
+            "twin_interval": {
+                k: list(self.twin_interval[k]) for k in METRICS if k in self.twin_interval
+            },
+            "twin_note": self.twin_note,
             "recorded": self.recorded,
             "splits": [
                 {
@@ -214,14 +224,15 @@ def advise(
                 switched.setdefault(name, []).append((timings, moved, cost))
                 tick(f"{split_name(*current)} -> {name} seed {k}")
     num = len(rec.arrival_s)
+    bounds = twin_bounds(rec)
     splits = [
         SplitAdvice(
             split_name(p, d),
             p,
             d,
-            _estimates([_values(t) for t in static[split_name(p, d)]], rec.twin_error),
+            _estimates([_values(t) for t in static[split_name(p, d)]], bounds),
             max(num - len(t.t_done) for t in static[split_name(p, d)]),
-            _switch_cost(switched.get(split_name(p, d)), current, mode, t_switch, rec.twin_error),
+            _switch_cost(switched.get(split_name(p, d)), current, mode, t_switch, bounds),
         )
         for p, d in candidates
     ]
@@ -238,6 +249,8 @@ def advise(
         "seeds+twin" if rec.twin_error else "seeds",
         rec.twin_run_id,
         rec.twin_error,
+        bounds if rec.twin_run_id else {},
+        rec.twin_note,
         _recorded(rec) if cur is not None and not rec.switched else {},
         splits,
         windows,
@@ -352,7 +365,9 @@ def _values(t: Timings) -> dict[str, float]:
     return {k: vals[k][0] for k in METRICS}
 
 
-def _estimates(runs: list[dict[str, float]], twin_error: dict[str, float]) -> dict[str, Estimate]:
+def _estimates(
+    runs: list[dict[str, float]], twin: Mapping[str, tuple[float, float]]
+) -> dict[str, Estimate]:
     out = {}
     for k in METRICS:
         v = np.array([r[k] for r in runs], dtype=float)
@@ -361,12 +376,20 @@ def _estimates(runs: list[dict[str, float]], twin_error: dict[str, float]) -> di
             half = float(stats.t.ppf(0.975, len(v) - 1) * np.std(v, ddof=1) / np.sqrt(len(v)))
         else:
             half = 0.0
-        lo, hi = mean - half, mean + half
-        e = abs(twin_error.get(k, 0.0))
-        if np.isfinite(e):
-            lo, hi = lo * (1.0 - e), hi * (1.0 + e)
-        out[k] = Estimate(mean, (max(lo, 0.0), hi), tuple(float(x) for x in v))
+        lo, hi = max(mean - half, 0.0), mean + half
+        if k in twin:
+            e_lo, e_hi = twin[k]
+            lo = lo / (1.0 + e_hi) if np.isfinite(e_hi) else 0.0
+            hi = hi / (1.0 + e_lo) if e_lo > -1.0 else float("inf")
+        out[k] = Estimate(mean, (lo, hi), tuple(float(x) for x in v))
     return out
+
+
+def twin_bounds(rec: RecordedRun) -> dict[str, tuple[float, float]]:
+    """Per metric the twin's interval of sim / real - 1 (module docstring); {} if none."""
+    if rec.twin_interval:
+        return dict(rec.twin_interval)
+    return {k: (-abs(e), abs(e)) for k, e in rec.twin_error.items() if np.isfinite(e)}
 
 
 def _switch_cost(
@@ -374,7 +397,7 @@ def _switch_cost(
     current: tuple[int, int] | None,
     mode: SwitchMode,
     t_switch: float,
-    twin_error: dict[str, float],
+    twin: Mapping[str, tuple[float, float]],
 ) -> SwitchCost | None:
     if not runs or current is None:
         return None
@@ -387,7 +410,7 @@ def _switch_cost(
         all(c.get("finished", 1.0) for _, _, c in runs),
         float(np.mean([c.get("drained", 0.0) for _, _, c in runs])),
         float(np.mean([c.get("lost_kv_blocks", 0.0) for _, _, c in runs])),
-        _estimates([_values(t) for t, _, _ in runs], twin_error),
+        _estimates([_values(t) for t, _, _ in runs], twin),
     )
 
 

@@ -7,7 +7,9 @@ had left (A -> B -> A), a planner following them would oscillate: each move pays
 switch, and the gain each window promises does not last. The recommendation is the split
 best over the whole run with the switch from the run's split included (the replay that
 switches at the end of the first window, toolkit.advise), the run's own split counted
-without one.
+without one. When its 95% interval overlaps the next best's, the two are "not
+distinguishable" and the recommendation says so; an interval with no upper end (a twin
+whose error leaves it not known) makes every comparison not distinguishable.
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ class Recommendation(NamedTuple):
     value: float  # the ranking metric over the run, the switch from the run's split included
     stay_value: float | None  # the run's own split's value (None: the run had no PD split)
     reason: str
+    # whether the best split's 95% interval is clear of the next best's (None: one split)
+    distinguishable: bool | None = None
+    runner_up: str | None = None
 
 
 def order(value: float) -> float:
@@ -103,12 +108,16 @@ def recommend(
 ) -> Recommendation:
     """The split best over the run with the switch included (module docstring)."""
 
-    def total(s: SplitAdvice) -> float:
+    def est(s: SplitAdvice) -> Any:
         if s.split == current or s.switch is None:
-            return s.metrics[metric].mean
-        return s.switch.metrics[metric].mean
+            return s.metrics[metric]
+        return s.switch.metrics[metric]
 
-    best = min(splits, key=lambda s: (s.unfinished > 0, order(total(s)), s.prefill))
+    def total(s: SplitAdvice) -> float:
+        return float(est(s).mean)
+
+    ranked = sorted(splits, key=lambda s: (s.unfinished > 0, order(total(s)), s.prefill))
+    best = ranked[0]
     value = total(best)
     if current is None:
         reason = (
@@ -126,10 +135,28 @@ def recommend(
                 f"switch {current} -> {best.split}: {metric} {value:.4g} over the run with the "
                 f"switch at t={best.switch.t_switch_s:.4g} s included, against {stay:.4g} staying"
             )
+    distinct: bool | None = None
+    runner = ranked[1] if len(ranked) > 1 else None
+    if runner is not None:
+        (a_lo, a_hi), (b_lo, b_hi) = est(best).ci95, est(runner).ci95
+        known = np.isfinite(a_hi) and np.isfinite(b_hi)
+        distinct = bool(known and (a_hi < b_lo or b_hi < a_lo))
+        if not known:
+            reason += (
+                f"; not distinguishable from {runner.split}: the intervals have no upper end "
+                "(the twin's error leaves them not known)"
+            )
+        elif not distinct:
+            reason += (
+                f"; not distinguishable from {runner.split}: their 95% intervals overlap "
+                f"({a_lo:.4g}-{a_hi:.4g} vs {b_lo:.4g}-{b_hi:.4g})"
+            )
     if windows.oscillating:
         reason += (
             f"; the best split alternates between windows ({' -> '.join(windows.pattern)}): "
             f"following it would switch {windows.switches} times, so take {best.split}, the "
             "best over the whole run"
         )
-    return Recommendation(best.split, value, stay, reason)
+    return Recommendation(
+        best.split, value, stay, reason, distinct, None if runner is None else runner.split
+    )

@@ -16,8 +16,15 @@ its completed phase switches (so the split it ended on), else the prefill and de
 its requests used when the two sets are disjoint; otherwise (collocated engines, mixed
 use) None and no switch cost applies. `switched` says whether the run changed its split.
 
-The twin's error: the latest run of source 'twin' made of this run (`pdlab twin` stores
-one, config "twin_of") gives, per metric, sim / real - 1 on the requests both hold.
+The twin's error: a run of source 'twin' made of this run (`pdlab twin` stores one, config
+"twin_of") gives, per metric, sim / real - 1 and the 95% interval of that error it stored
+(a twin stored before intervals were: +-|error|). Which twin: the one named (`twin`), else
+the latest made with the same profile as the replays (`profile`, compared as resolved
+paths; with none, the replays use the run's own profile and so does a twin of a cluster
+run, priced by the run's own fits); never a twin of another profile, and never one made
+with `pdlab twin --force` (its profile describes another model or GPU: its error says
+nothing about this one). A run with twins none of which qualifies gets a note naming them
+(`twin_note`).
 """
 
 from __future__ import annotations
@@ -58,11 +65,17 @@ class RecordedRun(NamedTuple):
     real: Timings | None  # recorded times of finished requests (for the recorded row)
     twin_run_id: str | None
     twin_error: dict[str, float]  # metric -> sim / real - 1 of the twin, empty if none
+    # metric -> 95% interval of the twin's error (stored by `pdlab twin`, else +-|error|)
+    twin_interval: dict[str, tuple[float, float]] | None = None
+    twin_profile: str | None = None
+    twin_note: str | None = None  # twins of the run that were not used, and why
 
 
-def load_run(db: str | Path, run_id: str | None) -> RecordedRun:
+def load_run(
+    db: str | Path, run_id: str | None, *, twin: str | None = None, profile: str | None = None
+) -> RecordedRun:
     """Read the run (TelemetryError for a bad database or run, ConfigError for a run that
-    cannot be replayed)."""
+    cannot be replayed, or a `twin` that is not a usable twin of it)."""
     with open_run(db, run_id) as run:
         cfg = run.config()
         if cfg.get("arrivals") == "unknown":
@@ -83,7 +96,7 @@ def load_run(db: str | Path, run_id: str | None) -> RecordedRun:
             )
         source = str(run.scalar("SELECT source FROM runs WHERE run_id = ?", [run.run_id]) or "")
         num_nodes = int(run.count("nodes")) or _nodes_used(df)
-        twin_id, twin_error = _twin_error(run, df)
+        tw = _twin(run, df, twin, profile)
         moves = run.rows(
             "SELECT from_phase, to_phase FROM phase_switches WHERE run_id = ? "
             "AND t_done IS NOT NULL",
@@ -113,8 +126,11 @@ def load_run(db: str | Path, run_id: str | None) -> RecordedRun:
         np.maximum(df["t_out"].to_numpy().astype(np.int64), 1),
         prefix_hashes(df["branch_id"].to_list(), df["t_in"].to_list(), df["t_out"].to_list()),
         real,
-        twin_id,
-        twin_error,
+        tw.run_id,
+        tw.error,
+        tw.interval,
+        tw.profile,
+        tw.note,
     )
 
 
@@ -191,30 +207,105 @@ def write_trace(rec: RecordedRun, path: Path) -> Path:
     return path
 
 
-def _twin_error(run: Run, df: Any) -> tuple[str | None, dict[str, float]]:
-    """The latest twin of the run and its error per metric (module docstring)."""
+class TwinInfo(NamedTuple):
+    run_id: str | None
+    error: dict[str, float]
+    interval: dict[str, tuple[float, float]] | None
+    profile: str | None
+    note: str | None
+
+
+def _same_profile(a: Any, b: str | None) -> bool:
+    if not isinstance(a, str) or b is None:
+        return False
+    try:
+        return a == b or Path(a).resolve() == Path(b).resolve()
+    except OSError:
+        return False
+
+
+def _twin(run: Run, df: Any, wanted: str | None, profile: str | None) -> TwinInfo:
+    """The twin to use and its error (module docstring)."""
     rows = run.rows(
         "SELECT run_id, config FROM runs WHERE source = 'twin' ORDER BY started_at DESC, run_id"
     )
+    twins = []
     for twin_id, raw in rows:
         try:
             cfg = json.loads(raw) if raw else {}
         except (TypeError, ValueError):
             continue
-        if not isinstance(cfg, dict) or cfg.get("twin_of") != run.run_id:
-            continue
-        sim = run.df(
-            "SELECT request_id, t_first_token AS sim_first, t_done AS sim_done FROM requests "
-            "WHERE run_id = ? AND t_first_token IS NOT NULL AND t_done IS NOT NULL",
-            [twin_id],
-        )
-        both = df.join(sim, on="request_id")
-        both = both.filter(both["t_first_token"].is_not_null() & both["t_done"].is_not_null())
-        if both.height == 0:
-            continue
-        arr, t_out = both["t_arrival"].to_numpy(), both["t_out"].to_numpy().astype(float)
-        real = Timings(arr, t_out, both["t_first_token"].to_numpy(), both["t_done"].to_numpy())
-        sim_t = Timings(arr, t_out, both["sim_first"].to_numpy(), both["sim_done"].to_numpy())
-        metrics = compare(real, sim_t, samples=10)
-        return str(twin_id), {k: m.error for k, m in metrics.items()}
-    return None, {}
+        if isinstance(cfg, dict) and cfg.get("twin_of") == run.run_id:
+            twins.append((str(twin_id), cfg))
+    none = TwinInfo(None, {}, None, None, None)
+    if wanted is not None:
+        match = [t for t in twins if t[0] == wanted]
+        if not match:
+            raise ConfigError(
+                f"--twin {wanted!r} is not a twin of run {run.run_id!r}; its twins: "
+                f"{', '.join(t for t, _ in twins) or 'none (make one with `pdlab twin`)'}"
+            )
+        chosen = match[0]
+        if chosen[1].get("forced"):
+            raise ConfigError(
+                f"twin {wanted!r} was made with --force on a profile of another model or GPU "
+                f"({chosen[1].get('profile')}): its error says nothing about this run; make a "
+                "twin with a matching profile"
+            )
+    else:
+        usable = [t for t in twins if not t[1].get("forced")]
+        # No --profile: the replays use the run's own; so does a cluster twin (its own fits).
+        same = [
+            t
+            for t in usable
+            if _same_profile(t[1].get("profile"), profile)
+            or (profile is None and t[1].get("kind") == "cluster")
+        ]
+        if not same:
+            if not twins:
+                return none
+            names = ", ".join(
+                f"{t} ({'FORCED, ' if c.get('forced') else ''}profile {c.get('profile') or '-'})"
+                for t, c in twins
+            )
+            hint = "; pass --twin RUN to use one" if usable else ""
+            return none._replace(
+                note=f"not used: twins of this run made with another profile or forced: "
+                f"{names}{hint}"
+            )
+        chosen = same[0]
+    twin_id, cfg = chosen
+    error, interval = _twin_metrics(run, df, twin_id, cfg)
+    if not error:
+        return none._replace(note=f"twin {twin_id} shares no finished request with the run")
+    return TwinInfo(twin_id, error, interval, cfg.get("profile"), None)
+
+
+def _twin_metrics(
+    run: Run, df: Any, twin_id: str, cfg: dict[str, Any]
+) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
+    """Per metric the twin's error and its 95% interval: as stored, else +-|error|."""
+    stored = cfg.get("metrics")
+    if isinstance(stored, dict) and stored:
+        err = {k: float(v["error"]) for k, v in stored.items() if v.get("error") is not None}
+        ci = {}
+        for k, v in stored.items():
+            lo, hi = (v.get("ci95") or [None, None])[:2]
+            if k in err and lo is not None and hi is not None:
+                ci[k] = (min(float(lo), -abs(err[k])), max(float(hi), abs(err[k])))
+        return err, ci
+    sim = run.df(
+        "SELECT request_id, t_first_token AS sim_first, t_done AS sim_done FROM requests "
+        "WHERE run_id = ? AND t_first_token IS NOT NULL AND t_done IS NOT NULL",
+        [twin_id],
+    )
+    both = df.join(sim, on="request_id")
+    both = both.filter(both["t_first_token"].is_not_null() & both["t_done"].is_not_null())
+    if both.height == 0:
+        return {}, {}
+    arr, t_out = both["t_arrival"].to_numpy(), both["t_out"].to_numpy().astype(float)
+    real = Timings(arr, t_out, both["t_first_token"].to_numpy(), both["t_done"].to_numpy())
+    sim_t = Timings(arr, t_out, both["sim_first"].to_numpy(), both["sim_done"].to_numpy())
+    metrics = compare(real, sim_t, samples=10)
+    err = {k: m.error for k, m in metrics.items()}
+    return err, {k: (-abs(e), abs(e)) for k, e in err.items()}

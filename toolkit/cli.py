@@ -8,6 +8,7 @@ from toolkit.commands_advise import advise_command
 from toolkit.commands_attach import attach_command
 from toolkit.commands_bench import bench_command
 from toolkit.commands_collect import collect_app
+from toolkit.commands_dashboards import dashboards_app
 from toolkit.commands_engine import engine_command
 from toolkit.commands_fit import fit_command, synth_logs_command
 from toolkit.commands_import import import_app
@@ -15,6 +16,7 @@ from toolkit.commands_lab import lab_command
 from toolkit.commands_profile import profile_app
 from toolkit.commands_recover import recover_command
 from toolkit.commands_report import report_command
+from toolkit.commands_runs import runs_app
 from toolkit.commands_serve import serve_command
 from toolkit.commands_sim import experiment_command, simulate_command
 from toolkit.commands_sweep import sweep_command
@@ -60,8 +62,10 @@ app.command("advise")(advise_command)
 app.command("validate")(validate_command)
 app.command("attach")(attach_command)
 app.add_typer(collect_app, name="collect")
+app.add_typer(dashboards_app, name="dashboards")
 app.add_typer(import_app, name="import")
 app.add_typer(profile_app, name="profile")
+app.add_typer(runs_app, name="runs")
 
 
 if __name__ == "__main__":  # pragma: no cover

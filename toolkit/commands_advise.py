@@ -12,6 +12,8 @@ an unknown profile, metric or switch mode.
 
     {"run_id", "nodes", "requests", "seeds", "rank_by", "current_split" (or null),
      "interval": "seeds" | "seeds+twin", "twin_run_id", "twin_error": {METRIC: e},
+     "twin_interval": {METRIC: [lo, hi]} (the twin's 95% interval of its error),
+     "twin_note" (twins of the run not used, and why),
      "recorded": {METRIC: value} (the real run, when it ran on current_split),
      "splits": [{"rank", "split", "prefill", "decode",
                  "metrics": {METRIC: {"mean", "ci95": [lo, hi], "seeds": [...]}},
@@ -22,7 +24,14 @@ an unknown profile, metric or switch mode.
                                    "metrics": {METRIC: {...}}}}, ...],   # best first
      "windows": {"window_s", "best": [{"t0", "t1", "requests", "best", "values"}],
                  "pattern", "oscillating", "switches"},
-     "recommendation": {"split", "value", "stay_value", "reason"}}
+     "recommendation": {"split", "value", "stay_value", "reason", "distinguishable",
+                        "runner_up"}}
+
+The twin (toolkit.advise_workload): `--twin RUN`, else the run's twin made with the same
+`--profile`; a forced twin is refused. Its error widens each interval (toolkit.advise); an
+error of 100% or more leaves the upper end not known ("not known" in the table, null in
+JSON) rather than an interval from 0. "not distinguishable" when the best split's interval
+overlaps the next best's.
 
 METRIC is one of ttft_mean_s, ttft_p90_s, tpot_mean_s, e2e_mean_s, e2e_p90_s (seconds).
 """
@@ -51,6 +60,12 @@ def advise_command(
         None, "--nodes", help="Nodes to split (default: the run's node count)."
     ),
     seeds: int = typer.Option(3, "--seeds", help="Simulator seeds per split."),
+    twin: str | None = typer.Option(
+        None,
+        "--twin",
+        help="Twin run whose error widens the intervals (default: the run's twin made with "
+        "the same --profile; never a forced one). See `pdlab runs list`.",
+    ),
     rank_by: str = typer.Option(
         "e2e_mean_s",
         "--rank-by",
@@ -81,7 +96,7 @@ def advise_command(
 
     err = Console(stderr=True)
     try:
-        rec = load_run(db, run)
+        rec = load_run(db, run, twin=twin, profile=profile)
         with Progress(
             TextColumn("[bold]advise[/] {task.description}"),
             BarColumn(),
@@ -118,7 +133,9 @@ def _fmt(x: float | None, ci: tuple[float, float] | None = None) -> str:
     if x is None or not math.isfinite(x):
         return "-"
     text = f"{x:.3g}"
-    if ci is not None and ci[1] > ci[0]:
+    if ci is not None and not math.isfinite(ci[1]):
+        text += " (not known)"
+    elif ci is not None and ci[1] > ci[0]:
         text += f" ({ci[0]:.3g}-{ci[1]:.3g})"
     return text
 
@@ -170,9 +187,29 @@ def _print(result: object) -> None:
     if any(s.unfinished for s in result.splits):
         out.print("* some requests did not finish in the replay; ranked last")
     if result.twin_run_id is not None:
-        errs = ", ".join(f"{k} {100 * v:+.1f}%" for k, v in result.twin_error.items()
-                         if k in ("ttft_mean_s", "tpot_mean_s", "e2e_mean_s"))  # fmt: skip
-        out.print(f"twin {result.twin_run_id}: {errs}", highlight=False)
+        errs = []
+        for k in ("ttft_mean_s", "tpot_mean_s", "e2e_mean_s"):
+            if k not in result.twin_error:
+                continue
+            lo, hi = result.twin_interval.get(k, (math.nan, math.nan))
+            ci = (
+                f" [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+                if math.isfinite(lo) and math.isfinite(hi)
+                else ""
+            )
+            errs.append(f"{k.removesuffix('_s')} {100 * result.twin_error[k]:+.1f}%{ci}")
+        out.print(
+            f"twin {result.twin_run_id} (its own error vs the real run, 95% interval): "
+            + ", ".join(errs),
+            highlight=False,
+        )
+        if any(lo <= -1.0 for lo, _ in result.twin_interval.values()):
+            out.print(
+                "[bold yellow]the twin's error reaches 100%:[/] the intervals it widens have no "
+                "upper end (not known); make a twin that matches the run"
+            )
+    if result.twin_note:
+        out.print(f"twin: {result.twin_note}", highlight=False)
     w = result.windows
     winners = ", ".join(f"{x.t0:.4g}-{x.t1:.4g} s: {x.best or '-'}" for x in w.windows)
     out.print(f"best split per {w.window_s:.4g} s window: {winners}", highlight=False)

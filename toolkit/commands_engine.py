@@ -21,7 +21,9 @@ the ranks, every MoE layer dispatches tokens to their experts' ranks and back (g
 NCCL on CUDA) and idle ranks run dummy passes so the ranks step together, as vLLM's DP+EP
 engines do. The front end sends each request to the least loaded rank (vLLM's rule:
 min 4·waiting + running). `--log-dir` keeps every rank's passes, MoE layer loads and
-requests (JSON lines; `scripts/ep_group_run.py` stores them in DuckDB).
+requests (JSON lines; `scripts/ep_group_run.py` stores them in DuckDB). The group's front
+end takes the same door as one engine: the token (every rank holds it too), the body
+limit, mutations POST and JSON only.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import json
 import os
 import signal
 import threading
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
@@ -91,7 +94,7 @@ def engine_command(
     """Serve one torch engine (SGLang's HTTP API, KV events, forward-pass metrics)."""
     import zmq
 
-    from cluster.engines.shell.guard import engine_token, write_token_file
+    from cluster.engines.shell.guard import engine_token
     from cluster.engines.torch.config import EngineConfig, preset
     from cluster.engines.torch.dp_group import DPGroup
     from cluster.engines.torch.engine import TorchEngine
@@ -117,8 +120,9 @@ def engine_command(
         if dp > 1 or ep > 1 or log_dir:
             group = DPGroup(cfg, dp, ep, role=role, host=host, port=port, log_dir=log_dir,
                             sync_interval=dp_sync_interval, bootstrap_port=bootstrap_port,
-                            enable_pd_role_switch=enable_pd_role_switch)  # fmt: skip
-            _serve_group(group, parent_pid)
+                            enable_pd_role_switch=enable_pd_role_switch, token=secret,
+                            max_body_bytes=max_body_bytes)  # fmt: skip
+            _serve_group(group, parent_pid, generated)
             return
         engine = TorchEngine(
             cfg,
@@ -145,21 +149,12 @@ def engine_command(
         engine.stop()
         typer.echo(f"error: cannot serve on {host}:{port}: {err}", err=True)
         raise typer.Exit(2) from None
-    token_file = None
-    if generated:
-        try:
-            token_file = write_token_file(secret, f"engine-{engine.port}.token")
-        except OSError as err:
-            engine.stop()
-            typer.echo(f"error: cannot write the engine's token file: {err}", err=True)
-            raise typer.Exit(2) from None
-    where = f"generated, in {token_file}" if token_file else "from --token / $PDLAB_ENGINE_TOKEN"
-    typer.echo(
-        f"pdlab engine: /flush_cache, /kv_eviction and /pd_role_switch need "
-        f"'Authorization: Bearer <token>' (token {where}); bodies up to "
-        f"{engine.max_body_bytes} bytes",
-        err=True,
-    )
+    try:
+        token_file = _announce_token(secret, generated, engine.port, engine.max_body_bytes)
+    except OSError as err:
+        engine.stop()
+        typer.echo(f"error: cannot write the engine's token file: {err}", err=True)
+        raise typer.Exit(2) from None
     print(f"pdlab engine ready: {json.dumps(endpoints._asdict())}", flush=True)
     try:
         while not stop.wait(0.1):
@@ -171,7 +166,22 @@ def engine_command(
             token_file.unlink(missing_ok=True)
 
 
-def _serve_group(group: DPGroup, parent_pid: int | None) -> None:
+def _announce_token(secret: str, generated: bool, port: int, max_body_bytes: int) -> Path | None:
+    """Write a generated token to a file only the user can read (its path, else None) and
+    say on stderr what the mutating routes need."""
+    from cluster.engines.shell.guard import write_token_file
+
+    token_file = write_token_file(secret, f"engine-{port}.token") if generated else None
+    where = f"generated, in {token_file}" if token_file else "from --token / $PDLAB_ENGINE_TOKEN"
+    typer.echo(
+        f"pdlab engine: /flush_cache, /kv_eviction and /pd_role_switch need "
+        f"'Authorization: Bearer <token>' (token {where}); bodies up to {max_body_bytes} bytes",
+        err=True,
+    )
+    return token_file
+
+
+def _serve_group(group: DPGroup, parent_pid: int | None, generated: bool) -> None:
     """`pdlab engine --dp N --ep E`: the group's ranks, coordinator and front end."""
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -181,13 +191,21 @@ def _serve_group(group: DPGroup, parent_pid: int | None) -> None:
     except (OSError, RuntimeError) as err:
         typer.echo(f"error: cannot start the DP group: {err}", err=True)
         raise typer.Exit(2) from None
-    print(f"pdlab engine ready: {json.dumps(endpoints._asdict())}", flush=True)
+    token_file = None
     try:
+        assert group.token is not None  # `pdlab engine` always has one
+        token_file = _announce_token(group.token, generated, group.port, group.max_body_bytes)
+        print(f"pdlab engine ready: {json.dumps(endpoints._asdict())}", flush=True)
         while not stop.wait(0.1):
             if parent_pid is not None and os.getppid() != parent_pid:
                 break
             if not group.alive():
                 typer.echo("error: a DP rank exited; stopping the group", err=True)
                 break
+    except OSError as err:
+        typer.echo(f"error: cannot write the engine's token file: {err}", err=True)
+        raise typer.Exit(2) from None
     finally:
         group.stop()
+        if token_file is not None:
+            token_file.unlink(missing_ok=True)

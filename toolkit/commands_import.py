@@ -10,9 +10,11 @@ A recorded serving run goes into the documented tables (toolkit.importers) in on
 transaction, with the engine settings in the run's config; the command then prints the
 run's measured TTFT, TPOT and E2E (mean, P50, P90, P95, P99) and throughput, read back from
 the database (toolkit.queries.serving). Malformed files are a clean error naming the file,
-line and field (exit code 2), and the database is left as it was. `lss-run` imports a real
-run of a serving cluster described as LLMServingSim's artifact does (toolkit.importers.
-lss_run) and prints its instances, the engine settings assumed and the references stored.
+line and field (exit code 2), and the database is left as it was. A run id the database
+already has is refused unless `--replace` (its old rows, in every table, are deleted in the
+same transaction as the new ones are written). `lss-run` imports a real run of a serving
+cluster described as LLMServingSim's artifact does (toolkit.importers.lss_run) and prints
+its instances, the engine settings assumed and the references stored.
 """
 
 from __future__ import annotations
@@ -36,11 +38,11 @@ def _fail(message: str) -> None:
     raise typer.Exit(EXIT_INPUT)
 
 
-def _write_and_report(db: Path, runs: list[Any], as_json: bool) -> None:
+def _write_and_report(db: Path, runs: list[Any], as_json: bool, replace: bool = False) -> None:
     from toolkit.importers import write_runs
     from toolkit.queries.serving import as_table, serving_metrics
 
-    ids = write_runs(db, runs)
+    ids = write_runs(db, runs, replace=replace)
     results = []
     for run, rid in zip(runs, ids, strict=True):
         m = serving_metrics(db, rid)
@@ -126,6 +128,9 @@ def vllm_bench_command(
     model_config: Path | None = typer.Option(
         None, "--model-config", help="The model's HF config.json (MoE shape of the nodes)."
     ),
+    replace: bool = typer.Option(
+        False, "--replace", help="Replace a run of the same id (its rows in every table)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Import vLLM benchmark results (`vllm bench serve --save-result [--save-detailed]`)."""
@@ -158,7 +163,7 @@ def vllm_bench_command(
                 runs += read_vllm_result(
                     f.path, run_id=rid, engine_args=engine_args, model_config=model_config
                 )
-        _write_and_report(db, runs, as_json)
+        _write_and_report(db, runs, as_json, replace)
 
     _guarded(run)
 
@@ -171,6 +176,9 @@ def lss_bench_command(
     model_config: Path | None = typer.Option(
         None, "--model-config", help="The model's HF config.json (MoE shape of the nodes)."
     ),
+    replace: bool = typer.Option(
+        False, "--replace", help="Replace a run of the same id (its rows in every table)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Import a vLLM serving run recorded by LLMServingSim's bench (meta.json + requests.jsonl)."""
@@ -178,7 +186,10 @@ def lss_bench_command(
 
     _guarded(
         lambda: _write_and_report(
-            db, [read_vllm_bench(directory, run_id=run_id, model_config=model_config)], as_json
+            db,
+            [read_vllm_bench(directory, run_id=run_id, model_config=model_config)],
+            as_json,
+            replace,
         )
     )
 
@@ -198,6 +209,9 @@ def sglang_bench_command(
     model_config: Path | None = typer.Option(
         None, "--model-config", help="The model's HF config.json (MoE shape of the nodes)."
     ),
+    replace: bool = typer.Option(
+        False, "--replace", help="Replace a run of the same id (its rows in every table)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Import SGLang bench_serving results (one run per line with per-request details)."""
@@ -210,6 +224,7 @@ def sglang_bench_command(
                 file, run_id=run_id, server_info=server_info, model_config=model_config
             ),
             as_json,
+            replace,
         )
     )
 
@@ -258,6 +273,9 @@ def lss_run_command(
         None, "--gpu-memory-gib", help="GPU memory per GPU (default: the config's npu_mem)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    replace: bool = typer.Option(
+        False, "--replace", help="Replace a run of the same name (its old rows deleted)."
+    ),
 ) -> None:
     """Import a real serving-cluster run described as LLMServingSim does (config, requests,
     profiles, the measured series and the peers' figures)."""
@@ -274,7 +292,7 @@ def lss_run_command(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             gpu_memory_gib=gpu_memory_gib,
         )  # fmt: skip
-        write_runs(db, [bench])
+        write_runs(db, [bench], replace=replace)
         _report_lss(db, bench, as_json)
 
     _guarded(run)

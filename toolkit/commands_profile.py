@@ -1,4 +1,6 @@
-"""`pdlab profile import DIR --model-config CONFIG.json [--tp N] -o PROFILE.json` (SPEC §9).
+"""`pdlab profile import DIR --model-config CONFIG.json [--tp N] -o PROFILE.json` (SPEC §9), and
+`pdlab profile import --aiconfigurator --system S --backend B [--version V] --model-config C
+--quant Q [--tp N --dp N --ep N --moe-tp N] -o PROFILE.json` (SPEC §10, extra `pdlab[aic]`).
 
 An LLMServingSim operator profile (its dense.csv layout, or the layers.csv + attention.csv
 layout of its ispass26 artifact; `--format`, detected by default) plus the model's HF config
@@ -8,6 +10,10 @@ model forms fitted and chosen by cross-validation, KV bytes per token and weight
 and the operator tables for exact pricing. The file works as `--profile` wherever a
 profile is accepted. The command prints, per phase, held-out MAPE of the paper form and
 of the chosen form, and the chosen coefficients with their intervals.
+
+With `--aiconfigurator` the operator tables are composed from AIConfigurator's measured
+kernel database instead of an LLMServingSim directory
+(cluster.hardware.aiconfigurator_profile); the profile names the tables and rows it used.
 """
 
 from __future__ import annotations
@@ -98,12 +104,42 @@ def _print(info: dict[str, Any]) -> None:
         console.print(f"[dim]{note}[/dim]")
 
 
+def _import_aic(opts: dict[str, Any]) -> Any:
+    """The profile composed from AIConfigurator's kernel tables (`--aiconfigurator`)."""
+    from cluster.core import ConfigError
+    from cluster.hardware.aiconfigurator_db import KernelDatabase
+    from cluster.hardware.aiconfigurator_profile import (
+        AicTarget,
+        build_aic_profile,
+        unsupported_reason,
+    )
+    from cluster.hardware.model_shape import ModelShape
+
+    for name in ("system", "backend"):
+        if not opts[name]:
+            raise ConfigError(f"--aiconfigurator needs --{name}")
+    config = json.loads(Path(opts["model_config"]).read_text())
+    why = unsupported_reason(config)
+    if why:
+        raise ConfigError(f"{opts['model_config']}: {why}")
+    shape = ModelShape.load(opts["model_config"])
+    target = AicTarget(
+        opts["system"], opts["backend"], opts["version"], opts["quant"], opts["moe_quant"],
+        opts["tp"], opts["dp"] if shape.is_moe else 1, opts["moe_tp"] if shape.is_moe else None,
+        opts["ep"] if shape.is_moe else 1, opts["distribution"],
+        "fp8" if opts["kv_fp8"] else "bfloat16",
+    )  # fmt: skip
+    db = KernelDatabase(target.system, target.backend, target.version, opts["aic_systems"])
+    return build_aic_profile(db, shape, target, name=opts["name"])
+
+
 @profile_app.command("import")
 def import_command(
-    directory: Path = typer.Argument(
-        ...,
+    directory: Path | None = typer.Argument(
+        None,
         help="LLMServingSim profile directory: dense.csv, per_sequence.csv, attention.csv[, "
-        "moe.csv], or layers.csv + attention.csv (the ispass26 layout).",
+        "moe.csv], or layers.csv + attention.csv (the ispass26 layout); none with "
+        "--aiconfigurator.",
     ),
     layout: str = typer.Option(
         "auto", "--format", help="Profile layout: auto (detected), dense or layers."
@@ -153,9 +189,39 @@ def import_command(
     ),
     hardware: str = typer.Option("", "--hardware", help="Hardware name to record."),
     name: str | None = typer.Option(None, "--name", help="Profile name (default: <model>-tp<N>)."),
+    aiconfigurator: bool = typer.Option(
+        False,
+        "--aiconfigurator",
+        help="Compose from AIConfigurator's kernel database (pdlab[aic]).",
+    ),
+    system: str | None = typer.Option(
+        None, "--system", help="AIConfigurator system (h200_sxm, ...)."
+    ),
+    backend: str | None = typer.Option(None, "--backend", help="vllm, sglang or trtllm."),
+    version: str | None = typer.Option(
+        None, "--version", help="Backend version of the tables (default: the database's current)."
+    ),
+    quant: str = typer.Option("bf16", "--quant", help="GEMM weights: bf16, fp8, fp8_block, fp4."),
+    moe_quant: str | None = typer.Option(
+        None, "--moe-quant", help="MoE weights (default: --quant)."
+    ),
+    moe_tp: int | None = typer.Option(
+        None, "--moe-tp", min=1, help="MoE TP (default TP x DP / EP)."
+    ),
+    distribution: str = typer.Option(
+        "power_law_1.01",
+        "--distribution",
+        help="MoE routing table: balanced, power_law_1.01, power_law_1.2.",
+    ),
+    kv_fp8: bool = typer.Option(False, "--kv-fp8", help="FP8 KV cache (default bf16)."),
+    aic_systems: Path | None = typer.Option(
+        None,
+        "--aic-systems",
+        help="AIConfigurator systems/ directory (default: the installed one).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (the summary)."),
 ) -> None:
-    """Fit a pdlab profile from an operator profile and a model config."""
+    """Fit a pdlab profile from an operator profile (or AIConfigurator's kernel tables) and a model config."""
     from cluster.core import ConfigError
     from cluster.hardware.engine import EngineSettings
     from cluster.hardware.model_shape import ModelShape
@@ -163,6 +229,17 @@ def import_command(
     from cluster.hardware.pricer import Parallelism
     from models.fitting import FitError
 
+    if aiconfigurator:
+        try:
+            profile = _import_aic(locals())
+        except (ConfigError, FitError, ValueError, OSError) as exc:
+            _fail(str(exc).splitlines()[0])
+            return
+        _write(profile, output, as_json, [])
+        return
+    if directory is None:
+        _fail("pass a profile directory, or --aiconfigurator")
+        return
     src = directory
     if profiled_tp is None and (directory / f"tp{tp}").is_dir() and tp != 1:
         src = directory / f"tp{tp}"  # the bundle measured at the served TP
@@ -192,11 +269,18 @@ def import_command(
     except (ConfigError, FitError, ValueError) as exc:
         _fail(str(exc))
         return
+    _write(
+        profile, output, as_json, [f"used {src} (measured at TP {tp})"] if src != directory else []
+    )
+
+
+def _write(profile: Any, output: Path, as_json: bool, extra_notes: list[str]) -> None:
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(profile.to_json()) + "\n")
     info = summary(profile, output)
-    if src != directory:
-        info["notes"].insert(0, f"used {src} (measured at TP {tp})")
+    info["notes"][:0] = extra_notes
+    if profile.source.startswith("aiconfigurator:"):
+        info["tables"] = json.loads(profile.source.removeprefix("aiconfigurator:"))
     if as_json:
         typer.echo(json.dumps(info))
     else:

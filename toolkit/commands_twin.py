@@ -8,14 +8,20 @@ so it needs no operator profile. `--no-rescale` keeps the fits' coefficients as 
 (by default each phase's are scaled to the run's measured pass time, toolkit.cluster_inputs).
 
 Prints, per metric (TTFT, TPOT, E2E: mean, P50, P90, P99; throughput), the real value, the
-replay's, the relative error and its bootstrap 95% interval (toolkit.twin), the engine
-settings the replay used (recorded, or the flags), the replay's wall time, and the id of
-the run the simulated requests were stored as (source 'twin'), per DP rank its requests,
-mean running and iterations (dummy ones: a rank stepping with its MoE group without work),
-and every parameter no data measured with its source and, when assumed, its range
-(toolkit.twin_parameters). `--json` prints one object with "metrics": {"ttft_mean_s":
-{"real", "sim", "error", "ci95"}, ...}, "dp_ranks" and "parameters": [{"name", "value",
-"source", "low", "high", "note"}]. `--what-if KEY=VALUE`
+replay's, the relative error and its 95% interval: request resampling combined with the
+model's own error (toolkit.twin_interval; `--no-interval` keeps the bootstrap's alone), and
+whether it holds the real value; what each source adds to the mean metrics' intervals;
+every parameter the replay rests on with its source and, when not exact, its range
+(toolkit.twin_parameters); the profile checks (toolkit.twin_guards: a profile of another
+model or GPU is refused unless `--force`, which marks the output and the stored run
+FORCED) and "extrapolating" where the run's settings leave what the profile measured; the
+engine settings the replay used, its wall time, per DP rank its requests, mean running and
+iterations (dummy ones: a rank stepping with its MoE group without work), and the id of the
+run the simulated requests were stored as (source 'twin'). `--json` prints one object with
+"metrics": {"ttft_mean_s": {"real", "sim", "error", "ci95", "ci95_requests", "covered",
+"half_width", "interval", "sources"}, ...}, "parameters": [{"name", "value", "unit",
+"source", "low", "high", "note"}], "interval": {"sources"}, "dp_ranks", "guards", "forced",
+"extrapolating". `--what-if KEY=VALUE`
 (repeatable) replays the same requests under changed engine settings and estimates each
 metric with an interval that carries the twin's measured error (toolkit.twin_whatif; split=XPYD
 and router=NAME replay on the cluster simulator's PD nodes, toolkit.twin_pd); JSON
@@ -26,6 +32,7 @@ for another TP or model, an unknown what-if key).
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +78,20 @@ def twin_command(
         "split=XPYD or router=NAME replay on the cluster simulator's PD nodes",
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap resampling."),
+    interval: bool = typer.Option(
+        True,
+        "--interval/--no-interval",
+        help="Combine the bootstrap with the model's error (the profile's held-out residuals, "
+        "assumed parameters at their ends): a few more replays.",
+    ),
+    interval_replays: int = typer.Option(
+        4, "--interval-replays", min=2, help="Replays on draws of the profile's measurement error."
+    ),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Replay with a profile of another model or GPU (the twin is marked FORCED).",
+    ),
     rescale: bool = typer.Option(
         True,
         "--rescale/--no-rescale",
@@ -93,6 +114,7 @@ def twin_command(
             "--link-gbps": link_gbps,
             "--link-latency-us": link_latency_us,
             "--what-if": what_if_items or None,
+            "--force": force or None,
         }
         given = [k for k, v in engine_flags.items() if v is not None]
         _cluster_twin(db, run, store, seed, rescale, as_json, given)
@@ -105,6 +127,9 @@ def twin_command(
             profile,
             store=store,
             seed=seed,
+            interval=interval,
+            profile_replays=interval_replays,
+            force=force,
             gpu_memory_gib=gpu_memory_gib,
             gpu_memory_utilization=gpu_memory_utilization,
             max_num_seqs=max_num_seqs,
@@ -126,13 +151,22 @@ def twin_command(
     if alt is not None:
         doc["what_if"] = alt.to_json()
     if as_json:
-        typer.echo(json.dumps(doc))
+        from toolkit.sim_options import clean_json
+
+        typer.echo(json.dumps(clean_json(doc)))
         return
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
+    if result.forced:
+        console.print(_forced_line(doc["guards"]))
     console.print(_metrics_table(result.run_id, doc["requests"], result.metrics))
+    if result.sources:
+        from toolkit.twin_report import sources_table
+
+        console.print(sources_table(result.sources, result.metrics))
+    _print_guards(console, doc)
     e = doc["engine"]
     console.print(
         f"engine: max_num_seqs={e['max_num_seqs']}, max_num_batched_tokens="
@@ -141,9 +175,15 @@ def twin_command(
         f"({e['kv_source']}), link {e['link_gbps']:g} GB/s + {1e6 * e['link_latency_s']:g} us "
         f"({e['link_source']})"
     )
+    extra = doc["interval"]["replays"]
     console.print(
         f"replayed {doc['iterations']} iterations ({doc['preemptions']} preemptions) in "
         f"{result.replay_wall_s:.2f} s"
+        + (
+            f", and {extra} more for the interval in {result.interval_wall_s:.1f} s"
+            if extra
+            else ""
+        )
         + (f"; stored as run {result.twin_run_id}" if result.twin_run_id else "")
     )
     _print_ranks_and_parameters(console, doc)
@@ -179,6 +219,13 @@ def twin_command(
 
 def _print_ranks_and_parameters(console: Any, doc: dict[str, Any]) -> None:
     """Per DP rank what the replay did, and what no data measured (toolkit.twin_parameters)."""
+    cal = doc.get("profile_calibration")
+    if cal:
+        console.print(
+            f"profile calibrated in situ: fitted on run {cal['fitted_on']} (fixed costs "
+            f"x{cal['fixed_factor']:.3g}, per-unit costs x{cal['unit_factor']:.3g}, link fitted "
+            "on its lockstep steps); compare it on other runs"
+        )
     ranks = doc["dp_ranks"]
     if len(ranks) > 1:
         console.print(
@@ -192,36 +239,66 @@ def _print_ranks_and_parameters(console: Any, doc: dict[str, Any]) -> None:
         )
 
     def fmt(v: float | None) -> str:
-        return "" if v is None else f"{v:.0f}" if v == int(v) and abs(v) >= 1 else f"{v:.3g}"
+        if v is None or not math.isfinite(v):
+            return "not known"
+        return f"{v:.0f}" if v == int(v) and abs(v) >= 1 else f"{v:.3g}"
 
     console.print(
-        "replay parameters (source; range when assumed): "
+        "replay parameters (source; range when not exact): "
         + "; ".join(
             f"{p['name']} = {fmt(p['value'])} ({p['source']}"
-            + (f", range {fmt(p['low'])}-{fmt(p['high'])}" if p["low"] is not None else "")
+            + (f", range {fmt(p['low'])}-{fmt(p['high'])}" if p["ranged"] else "")
             + ")"
             for p in doc["parameters"]
         )
     )
 
 
+def _forced_line(guards: dict[str, Any]) -> str:
+    bad = [g for g in (guards["model"], guards["gpu"]) if g.startswith("FORCED")]
+    return (
+        "[bold red]FORCED:[/] --force replayed this run on a profile that does not describe it ("
+        + "; ".join(b.removeprefix("FORCED: ") for b in bad)
+        + "): the numbers below describe that profile, not this run"
+    )
+
+
+def _print_guards(console: Any, doc: dict[str, Any]) -> None:
+    g = doc.get("guards")
+    if not g:
+        return
+    console.print(f"profile checks: model {g['model']}; GPU {g['gpu']}", highlight=False)
+    if doc["extrapolating"]:
+        console.print(
+            "[bold yellow]extrapolating:[/] " + "; ".join(doc["extrapolating"]), highlight=False
+        )
+
+
 def _metrics_table(run_id: str, requests: int, metrics: dict[str, Any]) -> Any:
     from rich.table import Table
 
+    combined = any(getattr(m, "sources", None) for m in metrics.values())
     table = Table(
         title=f"twin of run {run_id}: {requests} requests replayed",
-        caption="seconds (throughput: requests/s); error = sim / real - 1, 95% bootstrap interval",
+        caption="seconds (throughput: requests/s); error = sim / real - 1; 95% interval of the "
+        + (
+            "error: requests resampled, the profile's held-out error and the assumed "
+            "parameters' ranges (below); covered: it holds the real value"
+            if combined
+            else "error: requests resampled"
+        ),
     )
-    for col in ("metric", "real", "sim", "error", "95% interval"):
+    cols = ["metric", "real", "sim", "error", "95% interval"] + (["covered"] if combined else [])
+    for col in cols:
         table.add_column(col, justify="left" if col == "metric" else "right")
     for name, m in metrics.items():
-        table.add_row(
-            name,
-            f"{m.real:.4g}",
-            f"{m.sim:.4g}",
-            f"{100 * m.error:+.1f}%",
-            f"[{100 * m.ci95[0]:+.1f}%, {100 * m.ci95[1]:+.1f}%]",
-        )
+        lo, hi = m.ci95
+        known = math.isfinite(hi) and lo > -1.0
+        ci = f"[{100 * lo:+.1f}%, {100 * hi:+.1f}%]" if known else "not known"
+        row = [name, f"{m.real:.4g}", f"{m.sim:.4g}", f"{100 * m.error:+.1f}%", ci]
+        if combined:
+            row.append("-" if not known else "yes" if m.covered else "[bold]no[/]")
+        table.add_row(*row)
     return table
 
 
@@ -252,7 +329,9 @@ def _cluster_twin(
         raise typer.Exit(EXIT_INPUT) from None
     doc = result.to_json()
     if as_json:
-        typer.echo(json.dumps(doc))
+        from toolkit.sim_options import clean_json
+
+        typer.echo(json.dumps(clean_json(doc)))
         return
     from rich.console import Console
 

@@ -8,10 +8,14 @@
   nothing was recorded, vLLM's budget from GPU memory (cluster.hardware.engine);
 - the recorded requests to replay: arrival (engine clock, s since the run's start), input
   and output tokens, the engine (DP rank) that served them, and their measured timestamps.
-It checks that the profile was built for the engine's TP degree and model size. The
-pricer takes the engine's DP and EP degrees, and the interconnect the run recorded
-(`config["interconnect"]`, e.g. from a cluster description) or the link flags, in place of
-the profile's assumed link; `link` says which link prices the collectives.
+It checks that the profile was built for the engine's TP degree, and that it describes the
+run's model and GPU (toolkit.twin_guards: refused unless `force`; `guards` says what was
+checked, what was forced and where the run leaves the profile's measured grid). The
+pricer takes the engine's DP and EP degrees, and the link flags, else a link the profile
+fitted in situ on a run of the engine (toolkit.torch_profile_calibration: the collectives
+as the ranks' lockstep pays for them, waits included), else the interconnect the run
+recorded (`config["interconnect"]`, e.g. from a cluster description), else the profile's
+link; `link` says which link prices the collectives.
 
 A DP run's requests keep their recorded rank when the run recorded one (`ranks`
 "recorded"); otherwise (the importer says "dp_ranks": "not recorded", or an older import
@@ -23,6 +27,7 @@ sources and ranges (toolkit.twin_parameters); `overhead` is the replay's CPU ove
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -32,10 +37,12 @@ import polars as pl
 from cluster.core import ConfigError
 from cluster.hardware.engine import GIB, EngineSettings, KvCapacity
 from cluster.hardware.model_shape import ModelShape
+from cluster.hardware.operator_profile import OperatorProfile
 from cluster.hardware.pricer import IterationPricer
 from cluster.hardware.profiles import load_profile
 from cluster.sim.engine_model import IterationOverhead
 from toolkit.queries.run import Source, open_run
+from toolkit.twin_guards import GuardReport, check_profile, extrapolation
 from toolkit.twin_parameters import ReplayParameter, replay_parameters
 
 BALANCED = "vLLM's DP load balancer"
@@ -53,6 +60,9 @@ class EngineInputs(NamedTuple):
     ranks: str = "recorded"  # or BALANCED: the replay assigns the DP ranks
     overhead: IterationOverhead = IterationOverhead()
     parameters: tuple[ReplayParameter, ...] = ()
+    guards: GuardReport | None = None
+    config: dict[str, Any] | None = None  # the run's recorded config
+    calibration: dict[str, Any] | None = None  # the profile's in-situ calibration record
 
 
 def load_engine_inputs(
@@ -66,6 +76,7 @@ def load_engine_inputs(
     max_num_batched_tokens: int | None = None,
     link_gbps: float | None = None,
     link_latency_s: float | None = None,
+    force: bool = False,
 ) -> EngineInputs:
     """Settings, shape, pricer, KV capacity and requests of one imported run (module doc)."""
     prof = load_profile(str(profile))
@@ -73,8 +84,12 @@ def load_engine_inputs(
         raise ConfigError(
             f"{profile}: not an operator profile (make one with `pdlab profile import`)"
         )
+    op = OperatorProfile.from_json(json.loads(Path(profile).read_text()), str(profile))
     with open_run(source, run_id) as run:
         config = run.config()
+        hardware = [
+            str(h) for (h,) in run.rows("SELECT hardware FROM nodes WHERE run_id = ?", [run.run_id])
+        ]
         reqs = run.df(
             "SELECT request_id, t_arrival, t_in, t_c, t_out, prefill_node AS node, "
             "t_first_token, t_done FROM requests WHERE run_id = ? ORDER BY t_arrival, request_id",
@@ -91,12 +106,7 @@ def load_engine_inputs(
         max_num_batched_tokens=max_num_batched_tokens,
     )
     shape = prof.model_shape
-    recorded = config.get("model_shape")
-    if isinstance(recorded, dict) and recorded.get("num_layers") not in (None, shape.num_layers):
-        raise ConfigError(
-            f"profile {profile} is for {shape.name} ({shape.num_layers} layers); run {rid!r} "
-            f"served a model of {recorded['num_layers']} layers"
-        )
+    guards = check_profile(op, config, hardware, force=force, profile=str(profile))
     if prof.pricer.parallel.tp != engine.tensor_parallel_size:
         raise ConfigError(
             f"profile {profile} prices TP {prof.pricer.parallel.tp}; run {rid!r} ran TP "
@@ -107,17 +117,25 @@ def load_engine_inputs(
         kv = engine.kv_capacity(shape, reserve_bytes=engine.non_kv_reserve_bytes(shape))
     else:
         kv = engine.kv_capacity(shape)
-    pricer, link = _pricer_for(prof.pricer, engine, config, link_gbps, link_latency_s)
+    source = getattr(prof, "link_source", "")
+    pricer, link = _pricer_for(prof.pricer, engine, config, link_gbps, link_latency_s, source)
+    context = int((reqs["t_in"] + reqs["t_out"]).max() or 0) if reqs.height else 0
+    guards = guards._replace(extrapolating=extrapolation(op, engine, context))
     ranks = "recorded"
     if engine.data_parallel_size > 1 and not _ranks_recorded(config, reqs):
         ranks = BALANCED
         reqs = reqs.with_columns(pl.lit(None, dtype=reqs["node"].dtype).alias("node"))
     overhead = IterationOverhead()
-    params = replay_parameters(engine, shape, pricer, kv, link, overhead)
+    # a memory flag is a nominal size; so is a cluster description's (not the device's)
+    nominal = gpu_memory_gib is not None or config.get("gpu_memory_source") != "device"
+    params = replay_parameters(
+        engine, shape, pricer, kv, link, eager=bool(config.get("enforce_eager")), nominal_memory=nominal,
+    )  # fmt: skip
     arrivals = str(config.get("arrivals", "recorded"))
     return EngineInputs(
-        rid, engine, shape, pricer, kv, arrivals, reqs, link, ranks, overhead, params
-    )
+        rid, engine, shape, pricer, kv, arrivals, reqs, link, ranks, overhead, params, guards,
+        config, getattr(prof, "calibration", None),
+    )  # fmt: skip
 
 
 def _ranks_recorded(config: dict[str, Any], reqs: pl.DataFrame) -> bool:
@@ -135,11 +153,14 @@ def _pricer_for(
     config: dict[str, Any],
     link_gbps: float | None,
     link_latency_s: float | None,
+    profile_link: str = "",
 ) -> tuple[IterationPricer, str]:
     """The profile's pricer with the engine's DP/EP and the best-known link (module doc)."""
     par = pricer.parallel
     recorded = config.get("interconnect")
     rec = recorded if isinstance(recorded, dict) else {}
+    if profile_link.startswith("fitted"):
+        rec = {}  # fitted in situ beats a link measured alone or described
     gbps = next((v for v in (link_gbps, rec.get("link_gbps"), par.link_gbps) if v is not None), 0.0)
     lat = next(
         (
@@ -153,6 +174,8 @@ def _pricer_for(
         link = "flags"
     elif rec:
         link = f"recorded ({rec.get('source', 'run config')})"
+    elif profile_link:
+        link = f"profile ({profile_link})"
     else:
         link = "profile's assumption"
     if gbps <= 0 or lat < 0:

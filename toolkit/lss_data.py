@@ -52,9 +52,12 @@ def import_lss_a6000(
     db: str | Path,
     root: str | Path | None = None,
     runs: list[str] | None = None,
+    *,
+    replace: bool = False,
     **engine: Any,
 ) -> list[str]:
-    """Import the setups (all, or `runs`) into `db`; `engine`: max_num_seqs, ... flags."""
+    """Import the setups (all, or `runs`) into `db`; `engine`: max_num_seqs, ... flags;
+    `replace`: a setup already imported is replaced (`pdlab import --replace`)."""
     from toolkit.importers import write_runs
     from toolkit.importers.lss_run import read_lss_run
 
@@ -77,5 +80,5 @@ def import_lss_a6000(
             **s.flags,
             **engine,
         )
-        out += write_runs(db, [bench])
+        out += write_runs(db, [bench], replace=replace)
     return out

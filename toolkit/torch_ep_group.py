@@ -3,14 +3,18 @@
 `toolkit/data/torch_ep_group/` holds, per recorded run, its rows of the SPEC §3 tables
 (`runs` with the engine settings, `nodes`, `requests` with the DP rank that served each,
 `prefill_iterations`, `decode_iterations`, `dp_passes`, `moe_layer_loads`; Parquet) in
-a folder named for the run, and the operator profile measured on the same machine just
-before the runs (`profile/`: the LLMServingSim-layout bundle with `config.json`,
-`link.json` and `meta.json`; `profile.json`: what `pdlab profile import` made of it).
+a folder named for the run (repeats of a workload, `ep2-poisson-b`..`-d` and
+`ep2-saturated-b`..`-d`, keep runs, nodes and requests only: what their timings need), and
+the operator profile measured on the same machine just before the first runs (`profile/`:
+the LLMServingSim-layout bundle with `config.json`, `link.json` and `meta.json`;
+`profile.json`: what `pdlab profile import` made of it) with its in-situ calibration
+fitted on run `ep2-fit` (`profile_calibrated/`, toolkit.torch_profile_calibration).
 `scripts/ep_group_run.py --bundle` records a run into it; `scripts/torch_op_profile.py`
-measures the profile. `ep_group_db(path)` writes every bundled run into a DuckDB file:
+measures the profile, or calibrates it. `ep_group_db(path)` writes every bundled run into a
+DuckDB file:
 
     pdlab twin $(python -c 'from toolkit.torch_ep_group import ep_group_db; print(ep_group_db())') \\
-        --run ep2-poisson --profile toolkit/data/torch_ep_group/profile.json
+        --run ep2-poisson-a --profile toolkit/data/torch_ep_group/profile_calibrated.json
 """
 
 from __future__ import annotations

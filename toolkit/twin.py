@@ -10,15 +10,22 @@ replacement, real and simulated together, so the interval covers which requests 
 happened to have). Metrics are defined as toolkit.queries.serving defines them. Requests
 without a recorded DP rank go where vLLM's DP load balancer would send them, and the DP
 ranks of an MoE model with expert parallelism step together (cluster.sim.engine_model.
-replay); what no data measured is listed with its source (`parameters`,
-toolkit.twin_parameters) and stored with the twin run. The
+replay); every parameter the replay rests on is listed with its source and range
+(`inputs.parameters`, toolkit.twin_parameters) and stored with the twin run. The
 simulated requests are stored as a run of source 'twin' (`store_twin_run`) so the figures
 and queries that read runs can compare the two.
+
+With `interval` (the default) each metric's `ci95` combines that bootstrap with the model's
+own error (toolkit.twin_interval: the profile's held-out residuals, the ranged parameters
+at their low and high ends), a few more replays; `ci95_requests` keeps the bootstrap's. A profile of another model or GPU is refused unless `force`
+(toolkit.twin_guards); a forced twin says so in its result and its stored config.
 """
 
 from __future__ import annotations
 
+import math
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -29,7 +36,28 @@ from cluster.core import ConfigError
 from cluster.sim.engine_model import EngineReplay, IterationOverhead, ReplayRequest, replay
 from toolkit.engine_inputs import EngineInputs, load_engine_inputs
 from toolkit.queries.run import open_run
-from toolkit.twin_metrics import BOOTSTRAP_SAMPLES, Timings, TwinMetric, compare, twin_run_id
+from toolkit.twin_interval import (
+    PROFILE_REPLAYS,
+    IntervalSource,
+    engine_runner,
+    interval_sources,
+    sim_interval,
+    sim_timings,
+    with_intervals,
+)
+from toolkit.twin_metrics import (
+    BOOTSTRAP_SAMPLES,
+    Timings,
+    TwinMetric,
+    compare,
+    request_spread,
+    run_values,
+    twin_run_id,
+)
+from toolkit.twin_parameters import ReplayParameter, setup_of
+
+SPAN_KEYS = ("span_s", "throughput_tok_s")
+__all__ = ["TwinResult", "replay_inputs", "run_twin", "sim_timings", "store_twin_run"]
 
 
 class TwinResult(NamedTuple):
@@ -42,15 +70,34 @@ class TwinResult(NamedTuple):
     requests: list[ReplayRequest]  # as replayed, in the order of `real` and `sim`
     real: Timings
     sim: Timings
+    sources: list[IntervalSource] | None = None
+    interval_wall_s: float = 0.0  # the interval's extra replays
+
+    @property
+    def parameters(self) -> list[ReplayParameter]:
+        """What the replay rests on, with sources and ranges (toolkit.twin_parameters)."""
+        return list(self.inputs.parameters)
+
+    @property
+    def forced(self) -> bool:
+        return bool(self.inputs.guards and self.inputs.guards.forced)
 
     def to_json(self) -> dict[str, Any]:
         e = self.inputs.engine
+        g = self.inputs.guards
         return {
             "run_id": self.run_id,
             "twin_run_id": self.twin_run_id,
-            "metrics": {
-                k: {"real": m.real, "sim": m.sim, "error": m.error, "ci95": list(m.ci95)}
-                for k, m in self.metrics.items()
+            "metrics": {k: metric_json(m) for k, m in self.metrics.items()},
+            "forced": self.forced,
+            "guards": None if g is None else g.to_json(),
+            "extrapolating": [] if g is None else g.extrapolating,
+            "parameters": [p.to_json() for p in self.parameters],
+            "interval": {
+                "sources": [s.to_json() for s in self.sources or []],
+                "combine": "quadrature of log(sim/real) spreads per side",
+                "replays": sum(s.replays for s in self.sources or []),
+                "wall_s": self.interval_wall_s,
             },
             "requests": self.inputs.requests.height,
             "replay_wall_s": self.replay_wall_s,
@@ -69,7 +116,7 @@ class TwinResult(NamedTuple):
                 "link_source": self.inputs.link,
                 "ranks": self.inputs.ranks,
             },
-            "parameters": [p.to_json() for p in self.inputs.parameters],
+            "profile_calibration": calibration_summary(self.inputs.calibration),
             "dp_ranks": [
                 {
                     "rank": x.engine,
@@ -85,6 +132,32 @@ class TwinResult(NamedTuple):
         }
 
 
+def metric_json(m: TwinMetric) -> dict[str, Any]:
+    """One metric's JSON: real, sim, error, ci95 (of the error) and, once combined, the
+    bootstrap's interval, whether the interval covers the real value, its half-width and
+    the twin's prediction interval of the metric itself."""
+    doc: dict[str, Any] = {"real": m.real, "sim": m.sim, "error": m.error, "ci95": list(m.ci95)}
+    if m.sources is not None:
+        doc |= {
+            "ci95_requests": None if m.ci95_requests is None else list(m.ci95_requests),
+            "covered": m.covered if m.known else None,
+            "half_width": m.half_width,
+            "interval": list(sim_interval(m)),
+            "sources": {k: list(v) for k, v in m.sources.items()},
+        }
+    return doc
+
+
+def calibration_summary(doc: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What an in-situ calibrated profile was fitted on (toolkit.torch_profile_calibration)."""
+    if not doc:
+        return None
+    keys = ("fitted_on", "fixed_factor", "unit_factor", "link_gbps", "link_latency_s")
+    out = {k: doc.get(k) for k in keys}
+    out["fitted_on"] = out["fitted_on"] or doc.get("run")
+    return out
+
+
 def run_twin(
     db: str | Path,
     run_id: str | None,
@@ -94,16 +167,16 @@ def run_twin(
     store: bool = True,
     samples: int = BOOTSTRAP_SAMPLES,
     seed: int = 0,
+    interval: bool = True,
+    profile_replays: int = PROFILE_REPLAYS,
+    force: bool = False,
     **flags: Any,
 ) -> TwinResult:
     """Replay one imported run and compare (module docstring); `flags` go to
     toolkit.engine_inputs.load_engine_inputs (GPU memory, batch limits, link)."""
-    inputs = load_engine_inputs(db, run_id, profile, **flags)
-    if overhead is not None:  # the replay's CPU overhead, said in its parameters too
-        from toolkit.twin_parameters import with_parameters
-
-        cpu = {"cpu_overhead_per_iteration_s": overhead.per_iteration_s}
-        inputs = with_parameters(inputs, cpu)._replace(overhead=overhead)
+    inputs = load_engine_inputs(db, run_id, profile, force=force, **flags)
+    if overhead is not None:  # the replay's CPU overhead; the parameters say it
+        inputs = _with_overhead(inputs, overhead)
     if inputs.requests.height == 0:
         raise ConfigError(
             f"run {inputs.run_id!r} has no finished requests to replay: it holds no per-request "
@@ -151,8 +224,33 @@ def run_twin(
     )
     sim_t = sim_timings(reqs, engines)
     metrics = compare(real, sim_t, samples=samples, seed=seed)
-    twin_id = store_twin_run(db, inputs, engines, str(profile)) if store else None
-    return TwinResult(inputs.run_id, twin_id, inputs, engines, metrics, wall, reqs, real, sim_t)
+    sources: list[IntervalSource] | None = None
+    t1 = time.perf_counter()
+    if interval:
+        # the metrics, and span and token rate for `pdlab validate` (toolkit.validate_bench)
+        base = {k: v for k, v in run_values(sim_t).items() if k in metrics or k in SPAN_KEYS}
+        sources = interval_sources(
+            base, inputs.parameters, engine_runner(reqs, setup_of(inputs), run_values),
+            requests={k: request_spread(metrics[k]) for k in base if k in metrics},
+            peak_blocks=[max((b for e in engines for *_, b in e.trace), default=0)],
+            profile_replays=profile_replays, seed=seed,
+        )  # fmt: skip
+        if inputs.guards is not None and inputs.guards.forced:
+            # A profile of another model or GPU: no measured error bounds what it misses.
+            sources.append(
+                IntervalSource(
+                    "forced", "forced", "--force: the profile describes another model or GPU",
+                    0, dict.fromkeys(metrics, (math.inf, math.inf)),
+                )
+            )  # fmt: skip
+        metrics = with_intervals(metrics, sources)
+    result = TwinResult(
+        inputs.run_id, None, inputs, engines, metrics, wall, reqs, real, sim_t, sources,
+        time.perf_counter() - t1,
+    )  # fmt: skip
+    if store:
+        result = result._replace(twin_run_id=store_twin_run(db, result, str(profile)))
+    return result
 
 
 def replay_inputs(
@@ -164,24 +262,28 @@ def replay_inputs(
     return replay(reqs, inputs.engine, inputs.kv.blocks, inputs.pricer, over)
 
 
-def sim_timings(reqs: list[ReplayRequest], engines: list[EngineReplay]) -> Timings:
-    """The replayed times of `reqs`, in their order."""
-    by_id = {r.request_id: r for e in engines for r in e.requests}
-    sim = [by_id[q.request_id] for q in reqs]
-    return Timings(
-        np.array([q.arrival_s for q in reqs]),
-        np.array([q.output_tokens for q in reqs], dtype=float),
-        np.array([r.first_token_s for r in sim], dtype=float),
-        np.array([r.done_s for r in sim], dtype=float),
+def _with_overhead(inputs: EngineInputs, overhead: IterationOverhead) -> EngineInputs:
+    """`inputs` replayed with `overhead`; `cpu_overhead`'s note says it is the base."""
+    base = (
+        f"; on top of the replay's {1e3 * overhead.per_iteration_s:.3g} ms + "
+        f"{1e6 * overhead.per_sequence_s:.3g} us/seq"
     )
+    params = tuple(
+        replace(p, note=p.note + base) if p.name == "cpu_overhead" else p for p in inputs.parameters
+    )
+    return inputs._replace(overhead=overhead, parameters=params)
 
 
-def store_twin_run(
-    db: str | Path, inputs: EngineInputs, engines: list[EngineReplay], profile: str
-) -> str:
-    """Write the replayed requests as run `twin-<run>[-n]` (source 'twin'); returns its id."""
+def store_twin_run(db: str | Path, result: TwinResult, profile: str) -> str:
+    """Write the replayed requests as run `twin-<run>[-n]` (source 'twin'); returns its id.
+
+    Its config holds what the twin was made with and how far to trust it: the profile, the
+    guard checks and `forced` (made with --force against a profile of another model or
+    GPU), the parameters with their sources, and per metric the error and its intervals.
+    """
     from toolkit.importers import BenchRun, write_runs
 
+    inputs, engines = result.inputs, result.engines
     rid = twin_run_id(db, inputs.run_id)
     e = inputs.engine
     run = BenchRun(
@@ -200,8 +302,11 @@ def store_twin_run(
                 "source": inputs.link,
             },
             "ranks": inputs.ranks,
-            "parameters": [p.to_json() for p in inputs.parameters],
             "arrivals": "replayed",
+            "forced": result.forced,
+            "guards": None if inputs.guards is None else inputs.guards.to_json(),
+            "parameters": [p.to_json() for p in result.parameters],
+            "metrics": {k: metric_json(m) for k, m in result.metrics.items()},
         },
         node_names=[f"twin-dp{i}" for i in range(e.data_parallel_size)],
         hardware=e.hardware or "unknown",

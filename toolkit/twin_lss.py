@@ -9,7 +9,10 @@ the requests with the chained hashes of their token ids in the engines' 16-token
 `replay_cluster_run` builds one vLLM V1 scheduler per instance (prefix_pool's block-hash
 cache when prefix caching is on, a shared shared_pool.SharedPrefixPool as every instance's
 connector with a shared CPU pool, a private one each with an unshared CPU tier) and
-replays; the front end is the import's (round robin).
+replays; the front end is the import's (round robin). `instance_setups` and
+`instance_parameters` give each instance's replay setup and parameters with their sources
+and ranges (toolkit.twin_parameters), and `replay_cluster_run(inputs, setups)` replays
+under other setups (the interval's variants, toolkit.validate_cluster).
 """
 
 from __future__ import annotations
@@ -18,11 +21,12 @@ import json
 from typing import Any, NamedTuple
 
 from cluster.core import ConfigError
-from cluster.hardware.engine import EngineSettings
+from cluster.hardware.engine import EngineSettings, KvCapacity
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_profile import OperatorProfile
 from cluster.hardware.pricer import IterationPricer
 from cluster.kv.hashing import token_block_hashes
+from cluster.sim.engine_model import IterationOverhead
 from cluster.sim.engine_model.block_pool import BlockPool
 from cluster.sim.engine_model.cluster_replay import (
     ClusterReplay,
@@ -35,6 +39,7 @@ from cluster.sim.engine_model.replay import batch_pricer
 from cluster.sim.engine_model.scheduler import StepScheduler
 from cluster.sim.engine_model.shared_pool import SharedPrefixPool
 from toolkit.queries.run import Source, open_run
+from toolkit.twin_parameters import ReplayParameter, ReplaySetup, replay_parameters
 
 ROLE = {"collocated": "both", "prefill": "prefill", "decode": "decode"}
 GB = 1e9
@@ -140,16 +145,43 @@ def _pool(inst: InstanceInputs) -> SharedPrefixPool:
     )
 
 
-def build_instances(inputs: ClusterInputs) -> tuple[list[Instance], SharedPrefixPool | None]:
+def instance_setups(inputs: ClusterInputs) -> list[ReplaySetup]:
+    """What each instance's engine replays with: settings, KV blocks, pricer, no CPU time."""
+    return [
+        ReplaySetup(x.engine, x.kv_blocks, x.pricer, IterationOverhead()) for x in inputs.instances
+    ]
+
+
+def instance_parameters(inputs: ClusterInputs) -> list[tuple[ReplayParameter, ...]]:
+    """Each instance's replay parameters (toolkit.twin_parameters): KV blocks as the import
+    estimated them from the config's (nominal) GPU memory, the config's link (described)
+    for TP collectives, CPU time and CUDA graphs (the artifact records neither)."""
+    out = []
+    for i, x in enumerate(inputs.instances):
+        said = inputs.config["instances"][i].get("sources", {}).get("kv_blocks", "")
+        per_token = x.engine.kv_bytes_per_token(x.shape)
+        kv = KvCapacity(
+            x.kv_blocks * x.engine.block_size, x.kv_blocks, per_token,
+            "GPU memory" if said.startswith("estimated") else "recorded KV blocks",
+        )  # fmt: skip
+        pd = x.role in ("prefill", "decode")
+        link = "described (cluster config)"
+        out.append(replay_parameters(x.engine, x.shape, x.pricer, kv, link, kv_transfers=pd))
+    return out
+
+
+def build_instances(
+    inputs: ClusterInputs, setups: list[ReplaySetup] | None = None
+) -> tuple[list[Instance], SharedPrefixPool | None]:
     """One scheduler and price per instance, and the shared pool (module docstring)."""
     shared = _pool(inputs.instances[0]) if inputs.prefix_pool == "cpu-shared" else None
     out = []
-    for inst in inputs.instances:
-        e = inst.engine
+    for inst, s in zip(inputs.instances, setups or instance_setups(inputs), strict=True):
+        e = s.engine
         pool: Any = (
-            HashedBlockPool(inst.kv_blocks, e.block_size)
+            HashedBlockPool(s.kv_blocks, e.block_size)
             if inputs.prefix_caching
-            else BlockPool(inst.kv_blocks, e.block_size, prefix_caching=False)
+            else BlockPool(s.kv_blocks, e.block_size, prefix_caching=False)
         )
         connector = (
             shared if shared is not None else (_pool(inst) if inputs.prefix_pool == "cpu" else None)
@@ -163,27 +195,41 @@ def build_instances(inputs: ClusterInputs) -> tuple[list[Instance], SharedPrefix
             enable_chunked_prefill=e.enable_chunked_prefill,
             connector=connector,
         )
-        price = batch_pricer(inst.pricer)
+        price = batch_pricer(s.pricer, s.overhead)
         out.append(
             Instance(ROLE[inst.role], sched, lambda b, price=price: price(b, float(b.num_tokens)))
         )
     return out, shared
 
 
-def kv_transfer_s(inputs: ClusterInputs) -> Any:
-    """Seconds a PD split sends one request's prompt KV: latency + bytes over the link."""
+def kv_transfer_s(inputs: ClusterInputs, setups: list[ReplaySetup] | None = None) -> Any:
+    """Seconds a PD split sends one request's prompt KV: latency + bytes over the link (the
+    config's, which the prefill instance's pricer carries: a variant's, with `setups`)."""
     per_token = inputs.instances[0].shape.kv_bytes_per_token_total()
-    gbps = inputs.link_gbps
+    gbps, lat = inputs.link_gbps, inputs.link_latency_s
+    if setups is not None:
+        sender = next(
+            (s for x, s in zip(inputs.instances, setups, strict=True) if x.role == "prefill"), None
+        )
+        base = next((x for x in inputs.instances if x.role == "prefill"), None)
+        if sender is not None and base is not None:
+            # the variant's link relative to the import's (collective_cost, link_gbps, ...)
+            b, v = base.pricer.parallel, sender.pricer.parallel
+            gbps = None if gbps is None else gbps * v.link_gbps / b.link_gbps
+            lat = lat * v.link_latency_s / b.link_latency_s if b.link_latency_s else lat
     if gbps is None:
-        return lambda _tokens: inputs.link_latency_s
-    return lambda tokens: inputs.link_latency_s + tokens * per_token / (gbps * GB)
+        return lambda _tokens: lat
+    return lambda tokens: lat + tokens * per_token / (gbps * GB)
 
 
-def replay_cluster_run(inputs: ClusterInputs) -> ClusterReplay:
-    instances, shared = build_instances(inputs)
+def replay_cluster_run(
+    inputs: ClusterInputs, setups: list[ReplaySetup] | None = None
+) -> ClusterReplay:
+    """Replay the run's requests on its instances (under `setups`, else their own)."""
+    instances, shared = build_instances(inputs, setups)
     return replay_cluster(
         inputs.requests, instances, frontend=inputs.frontend,
-        kv_transfer_s=kv_transfer_s(inputs), pool=shared,
+        kv_transfer_s=kv_transfer_s(inputs, setups), pool=shared,
     )  # fmt: skip
 
 

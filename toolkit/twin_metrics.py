@@ -10,7 +10,7 @@ the variants stay paired: an interval of their ratio covers which requests the r
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 import numpy as np
@@ -39,7 +39,25 @@ class TwinMetric(NamedTuple):
     real: float
     sim: float
     error: float  # sim / real - 1
-    ci95: tuple[float, float]  # bootstrap 95% interval of `error`
+    # 95% interval of `error`: the bootstrap's (`compare`), or with the model's error
+    # combined (`combined_interval`, toolkit.twin_interval)
+    ci95: tuple[float, float]
+    ci95_requests: tuple[float, float] | None = None  # the bootstrap's, once combined
+    sources: dict[str, tuple[float, float]] | None = None  # source -> (down, up), log units
+
+    @property
+    def known(self) -> bool:
+        """Whether the interval is bounded (an error above -100%, below infinity)."""
+        return bool(self.ci95[0] > -1.0 and np.isfinite(self.ci95[1]))
+
+    @property
+    def covered(self) -> bool:
+        """Whether the interval holds the real value (an error of 0)."""
+        return bool(self.ci95[0] <= 0.0 <= self.ci95[1])
+
+    @property
+    def half_width(self) -> float:
+        return (self.ci95[1] - self.ci95[0]) / 2.0
 
 
 def bootstrap_indices(n: int, samples: int, seed: int) -> np.ndarray:
@@ -122,6 +140,67 @@ def compare(
         error = sv / rv - 1.0 if rv else float("nan")
         out[name] = TwinMetric(rv, sv, error, interval(errs))
     return out
+
+
+def request_spread(m: TwinMetric) -> tuple[float, float]:
+    """(down, up): how far log(1 + error) may go below and above its value over requests,
+    from the bootstrap interval `m.ci95` (module docstring)."""
+    return interval_spread(m.error, m.ci95)
+
+
+def interval_spread(error: float, ci95: tuple[float, float]) -> tuple[float, float]:
+    """(down, up) of log(1 + error) that an interval `ci95` of the error spans around it
+    (a side the interval does not reach past the error adds nothing)."""
+    u = np.log1p(error)
+    lo, hi = ci95
+    down = u - np.log1p(lo) if lo > -1.0 else np.inf
+    up = np.log1p(hi) - u if np.isfinite(hi) else np.inf
+    return float(max(down, 0.0)), float(max(up, 0.0))
+
+
+def span_values(t: Timings, idx: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """`span_s` (first arrival to last token) and `throughput_tok_s` (output tokens over
+    that span) of `t`, on every resample row of `idx` (all requests when None)."""
+    out, arr, done = (
+        (t.t_out, t.t_arrival, t.t_done)
+        if idx is None
+        else (t.t_out[idx], t.t_arrival[idx], t.t_done[idx])
+    )
+    span = np.asarray(done.max(axis=-1) - arr.min(axis=-1))
+    return {"span_s": span, "throughput_tok_s": np.asarray(out.sum(axis=-1) / span)}
+
+
+def run_values(t: Timings) -> dict[str, float]:
+    """Every metric of `t` (point_values) and its span and output token rate."""
+    return point_values(t) | {k: float(v) for k, v in span_values(t).items()}
+
+
+def combined_interval(
+    error: float, spreads: Mapping[str, tuple[float, float]]
+) -> tuple[float, float]:
+    """The 95% interval of a twin metric's error sim / real - 1 given each source's spread.
+
+    `spreads`: source -> (down, up) >= 0, how far log(sim / real) may lie below and above
+    its value on account of that source (each a 95% range: request resampling, the
+    profile's held-out error, an assumed parameter at its low and high end; see
+    toolkit.twin_interval). Independent sources add in quadrature on each side:
+    [exp(u - sqrt(sum down^2)) - 1, exp(u + sqrt(sum up^2)) - 1] with u = log(1 + error).
+    The interval holds 0 exactly when the real value lies within the twin's prediction
+    interval [sim * exp(-sqrt(sum down^2)), sim * exp(sqrt(sum up^2))]. An infinite spread
+    (a parameter whose end the replay cannot run) gives an unbounded side.
+    """
+    if not np.isfinite(error) or error <= -1.0:
+        return float("nan"), float("nan")
+    u = float(np.log1p(error))
+    down = float(np.sqrt(sum(d * d for d, _ in spreads.values())))
+    up = float(np.sqrt(sum(x * x for _, x in spreads.values())))
+    return float(np.expm1(u - down)), float(np.expm1(u + up))
+
+
+def point_values(t: Timings) -> dict[str, float]:
+    """Every metric of `t` on all its requests (no resampling)."""
+    idx = np.arange(len(t.t_arrival))[None, :]
+    return {k: v for k, (v, _) in metric_values(t, idx).items()}
 
 
 def twin_run_id(db: str | os.PathLike[str], run_id: str) -> str:

@@ -18,11 +18,20 @@ Metrics and how their error reads (`kind`):
   instance's ticks), `kv_mem_tick_wape` (KV in use: sum |twin - real| / sum real over every
   instance's ticks), `pool_hit_tick_mae`, `pool_mem_tick_wape` (the shared CPU pool); with
   more than one instance also per instance (`prefix_hit_tick_mae[i]`, `kv_mem_tick_wape[i]`).
-Intervals: request resampling of the means through toolkit.twin_metrics.compare (the real
-run's per-request times where it has them, else its mean), the real series' 1 s tick
-resolution for spans and series throughput, a moving-block bootstrap over ticks for per-tick
-errors. The `silicon` subcommand (issue 23, `toolkit/validate_silicon.py`) is dispatched by
-the CLI before a database path is read (toolkit.commands_validate).
+Intervals (`ci95`, of the error): for relative rows the twin's combined interval, the row's
+own spread (request resampling of the means through toolkit.twin_metrics.compare, the real
+run's per-request times where it has them, else its mean; the real series' 1 s tick
+resolution for spans and series throughput; a moving-block bootstrap over ticks for the
+mean KV) with the model's error (toolkit.twin_interval: the profile's held-out residuals,
+each ranged replay parameter at its ends, toolkit.twin_parameters), each source's (down, up)
+in `sources`; `covered`: the interval contains 0 (the real value lies in the twin's 95%
+prediction interval), `known`: both ends are bounded (a parameter end the replay cannot run
+leaves a side "not known": the row is then not covered), `half_width` in units of the
+error. Per-tick rows keep the moving-block bootstrap of their error as `ci95`, which an
+error of 0 is never inside; their `covered` is whether the real series lies in the twin's
+per-tick 95% band on at least 95% of the ticks (toolkit.validate_cluster), `ticks_covered`
+that share. The `silicon` subcommand (issue 23, `toolkit/validate_silicon.py`) is dispatched
+by the CLI before a database path is read (toolkit.commands_validate).
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ from pathlib import Path
 import polars as pl
 
 from telemetry import TelemetryError, open_reader
+from toolkit.twin_interval import PROFILE_REPLAYS
 from toolkit.validation_rows import ValidationRow, ValidationTable
 
 REAL_SOURCES = ("lss-run", "vllm-bench", "sglang-bench")
@@ -52,6 +62,7 @@ def validate_runs(
     *,
     samples: int = 1000,
     seed: int = 0,
+    profile_replays: int = PROFILE_REPLAYS,
 ) -> ValidationTable:
     """Replay and compare every real run (or `runs`) of `db` (module docstring)."""
     from toolkit.validate_bench import bench_rows
@@ -76,9 +87,12 @@ def validate_runs(
     notes: dict[str, list[str]] = {}
     for run in runs or list(sources):
         if sources[run] == "lss-run":
-            got = cluster_rows(db, run, samples=samples, seed=seed)
+            got = cluster_rows(db, run, samples=samples, seed=seed, profile_replays=profile_replays)
         elif run in profiles:
-            got = bench_rows(db, run, profiles[run], samples=samples, seed=seed)
+            got = bench_rows(
+                db, run, profiles[run], samples=samples, seed=seed,
+                profile_replays=profile_replays,
+            )  # fmt: skip
         else:
             skipped.append((run, "no operator profile given (--profile RUN=PROFILE.json)"))
             continue

@@ -2,11 +2,13 @@
 
 The run replays on the engine twin (`pdlab twin`, toolkit.twin.run_twin, nothing stored)
 with the operator profile given for it; its per-request times give the rows directly:
-`ttft_mean_s`, `tpot_mean_s`, `e2e_mean_s` (error and interval from
-toolkit.twin_metrics.compare, requests resampled), `throughput_tok_s` (output tokens from
-the first arrival to the last token) and `span_s`, both with the same request resampling.
-Peers: the simulators' mean figures imported with the run (reference_latency, e.g.
-LLMServingSim's own validation summary), each against the real row of the same table.
+`ttft_mean_s`, `tpot_mean_s`, `e2e_mean_s`, `throughput_tok_s` (output tokens from the first
+arrival to the last token) and `span_s`. Every row's interval is the twin's combined one
+(toolkit.twin_interval): the paired bootstrap over requests with the model's error (the
+profile's held-out residuals, each ranged parameter at its ends), each source's (down, up)
+in the row's `sources`. Peers: the simulators' mean figures imported with the run
+(reference_latency, e.g. LLMServingSim's own validation summary), each against the real row
+of the same table.
 """
 
 from __future__ import annotations
@@ -17,29 +19,30 @@ import numpy as np
 import polars as pl
 
 from toolkit.queries.run import open_run
-from toolkit.twin import run_twin
-from toolkit.twin_metrics import Timings, bootstrap_indices, interval
+from toolkit.twin import SPAN_KEYS, run_twin
+from toolkit.twin_interval import PROFILE_REPLAYS
+from toolkit.twin_metrics import (
+    bootstrap_indices,
+    combined_interval,
+    interval,
+    interval_spread,
+    span_values,
+)
 from toolkit.validation_rows import RunRows, make_row
 
 
-def _rate(t: Timings, idx: np.ndarray | None = None) -> np.ndarray:
-    out, arr, done = (
-        (t.t_out, t.t_arrival, t.t_done)
-        if idx is None
-        else (t.t_out[idx], t.t_arrival[idx], t.t_done[idx])
-    )
-    return np.asarray(out.sum(axis=-1) / (done.max(axis=-1) - arr.min(axis=-1)))
-
-
-def _span(t: Timings, idx: np.ndarray | None = None) -> np.ndarray:
-    arr, done = (t.t_arrival, t.t_done) if idx is None else (t.t_arrival[idx], t.t_done[idx])
-    return np.asarray(done.max(axis=-1) - arr.min(axis=-1))
-
-
 def bench_rows(
-    db: str | Path, run: str, profile: str | Path, *, samples: int = 1000, seed: int = 0
+    db: str | Path,
+    run: str,
+    profile: str | Path,
+    *,
+    samples: int = 1000,
+    seed: int = 0,
+    profile_replays: int = PROFILE_REPLAYS,
 ) -> RunRows:
-    res = run_twin(db, run, profile, store=False, samples=samples, seed=seed)
+    res = run_twin(
+        db, run, profile, store=False, samples=samples, seed=seed, profile_replays=profile_replays
+    )
     with open_run(db, run) as r:
         lat = r.df("SELECT * FROM reference_latency WHERE run_id = ?", [r.run_id])
     real_row = lat.filter(pl.col("is_real")).to_dicts()
@@ -55,22 +58,25 @@ def bench_rows(
     rows = []
     for name in ("ttft_mean_s", "tpot_mean_s", "e2e_mean_s"):
         m = res.metrics[name]
-        rows.append(make_row(run, name, m.real, m.sim, m.error, m.ci95, peer_errors(name)))
-    idx = bootstrap_indices(len(res.real.t_arrival), samples, seed)
-    for name, fn in (("throughput_tok_s", _rate), ("span_s", _span)):
-        rv, sv = float(fn(res.real)), float(fn(res.sim))
-        boot = fn(res.sim, idx) / fn(res.real, idx) - 1.0
         rows.append(
             make_row(
-                run,
-                name,
-                rv,
-                sv,
-                sv / rv - 1.0,
-                interval(boot),
-                peer_errors(name) if name == "throughput_tok_s" else {},
+                run, name, m.real, m.sim, m.error, m.ci95, peer_errors(name), sources=m.sources
             )
         )
+    idx = bootstrap_indices(len(res.real.t_arrival), samples, seed)
+    real_v, sim_v = span_values(res.real), span_values(res.sim)
+    real_b, sim_b = span_values(res.real, idx), span_values(res.sim, idx)
+    for name in SPAN_KEYS:
+        rv, sv = float(real_v[name]), float(sim_v[name])
+        err = sv / rv - 1.0
+        spreads = {"requests": interval_spread(err, interval(sim_b[name] / real_b[name] - 1.0))}
+        spreads |= {s.name: s.spread[name] for s in res.sources or [] if name in s.spread}
+        rows.append(
+            make_row(
+                run, name, rv, sv, err, combined_interval(err, spreads),
+                peer_errors(name) if name == "throughput_tok_s" else {}, sources=spreads,
+            )
+        )  # fmt: skip
     e = res.inputs.engine
     notes = [
         f"profile {profile}",

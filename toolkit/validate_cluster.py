@@ -1,18 +1,30 @@
 """Validation rows of a cluster run imported with `pdlab import lss-run` (toolkit.validate).
 
-The run's requests replay on the cluster twin (toolkit.twin_lss); its series
-(toolkit.validate_series) and request times are compared with the imported references:
+The run's requests replay on the cluster twin (toolkit.twin_lss) with the model's error
+sources (toolkit.cluster_interval: the profile's held-out residuals, each instance's ranged
+parameters at their ends); its series (toolkit.validate_series) and request times are
+compared with the imported references:
 - throughput series: `span_s` (end of the last tick with output, the twin's ticks counted
   as LLMServingSim counts its own: tick k holds (k-1, k] after the first arrival; the real
   run's ticks are vLLM's 1 s log lines, whose phase to the first arrival is unknown, so its
-  last token lies in (k-2, k]: the interval puts the twin's exact last token against that),
-  `throughput_tick_mape`, and, without a latency table, `throughput_tok_s` (tokens over span);
+  last token lies in (k-2, k]: the `ticks` source puts the twin's exact last token against
+  that), `throughput_tick_mape`, and, without a latency table, `throughput_tok_s` (the
+  requests' output tokens over each side's span: the real series' own sum falls short of
+  them where its log lost lines, by 0.1-0.9% on the A6000 setups);
 - latency table: `throughput_tok_s`, `ttft_mean_s`, `tpot_mean_s`, `e2e_mean_s` against the
-  `vLLM` row, peers' rows the same way; intervals from toolkit.twin_metrics.compare with the
-  real run represented by its means (its per-request times are not recorded);
+  `vLLM` row, peers' rows the same way; the bootstrap from toolkit.twin_metrics.compare with
+  the real run represented by its means (its per-request times are not recorded);
 - instance series: KV in use (gpu_mem_mb less the model's weights on one GPU, MiB) and
   prefix hit %; pool series: the pool's stored KV and hit %.
-A peer's series are scored exactly as the twin's.
+Relative rows (`span_s`, `throughput_tok_s`, means, `kv_mem_mean_mib`): the interval
+combines the row's own spread (tick resolution, or the bootstrap) with the model's sources,
+in quadrature (toolkit.twin_metrics.combined_interval), each in the row's `sources`.
+Per-tick rows (`throughput_tick_mape`, `prefix_hit_tick_mae`, `kv_mem_tick_wape`, the pool's
+and per-instance ones): the error is the metric itself with a moving-block bootstrap
+interval over ticks, which an error of 0 is never inside; their `covered` says instead
+whether the real series lies in the twin's per-tick 95% band (the model's sources and the
+tick phase in quadrature) on at least 95% of the ticks the metric counts, and
+`ticks_covered` gives that share. A peer's series are scored exactly as the twin's.
 """
 
 from __future__ import annotations
@@ -24,20 +36,12 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from toolkit.cluster_interval import ClusterTwin, Ticks, cluster_twin, inside_band, share, spreads
 from toolkit.queries.run import open_run
-from toolkit.twin_lss import block_mib, load_cluster_inputs, replay_cluster_run, weights_mib
-from toolkit.twin_metrics import Timings, compare
-from toolkit.validate_series import (
-    block_interval,
-    hit_pct,
-    pool_chunks_ticks,
-    span_ticks,
-    state_ticks,
-    throughput_ticks,
-    tick_mae,
-    tick_mape,
-    tick_wape,
-)
+from toolkit.twin_interval import PROFILE_REPLAYS
+from toolkit.twin_lss import load_cluster_inputs, weights_mib
+from toolkit.twin_metrics import Timings, combined_interval, compare, interval_spread
+from toolkit.validate_series import block_interval, span_ticks, tick_mae, tick_mape, tick_wape
 from toolkit.validation_rows import RunRows, ValidationRow, make_row
 
 MIB = 2**20
@@ -79,7 +83,46 @@ def _frame(
     )
 
 
-def cluster_rows(db: str | Path, run: str, *, samples: int = 1000, seed: int = 0) -> RunRows:
+def _ticks_for(refs: pl.DataFrame) -> Any:
+    """The ticks of every series the references have (cluster_interval.Ticks)."""
+    thr = _arrays(refs, "throughput_tok_s", None).get("real")
+    nodes = sorted(
+        {int(x) for x in refs.filter(pl.col("scope") == "instance")["node_id"].to_list()}
+    )
+    masks = {}
+    for node in nodes:
+        got = [
+            *_arrays(refs, "prefix_hit_pct", node).values(),
+            *_arrays(refs, "gpu_mem_mb", node).values(),
+        ]
+        real_kv = _arrays(refs, "gpu_mem_mb", node).get("real")
+        n = max(len(v) for v in got)
+        masks[node] = (
+            np.zeros(n, bool)
+            if real_kv is None
+            else np.pad(~np.isnan(real_kv), (0, n - len(real_kv)))
+        )
+    pool = [
+        *_arrays(refs, "cpu_prefix_hit_pct", None).values(),
+        *_arrays(refs, "cpu_mem_mb", None).values(),
+    ]
+
+    def ticks(replay: Any, origin: float) -> Ticks:
+        last = max(q.done_s for q in replay.requests) - origin
+        n = 0 if thr is None else max(len(thr), math.ceil(last) + 2)
+        return Ticks(n, masks, max((len(v) for v in pool), default=0))
+
+    return ticks  # fmt: skip
+
+
+def cluster_rows(
+    db: str | Path,
+    run: str,
+    *,
+    samples: int = 1000,
+    seed: int = 0,
+    profile_replays: int = PROFILE_REPLAYS,
+) -> RunRows:
     with open_run(db, run) as r:
         refs = r.df(
             "SELECT source, scope, node_id, metric, t, value FROM reference_series "
@@ -90,18 +133,16 @@ def cluster_rows(db: str | Path, run: str, *, samples: int = 1000, seed: int = 0
     if refs.height == 0 and lat.height == 0:
         return RunRows([], pl.DataFrame(), [])
     inputs = load_cluster_inputs(db, run)
-    replay = replay_cluster_run(inputs)
-    origin = min(q.arrival_s for q in inputs.requests)
+    twin = cluster_twin(inputs, _ticks_for(refs), profile_replays=profile_replays, seed=seed)
     rows: list[ValidationRow] = []
     frames: list[pl.DataFrame] = []
     kw = {"samples": samples, "seed": seed}
     thr = _arrays(refs, "throughput_tok_s", None)
-    last = max(q.done_s for q in replay.requests) - origin
     if "real" in thr:
-        rows += _throughput_rows(run, thr, replay, origin, last, lat.height == 0, frames, kw)
+        rows += _throughput_rows(run, thr, twin, lat.height == 0, frames, kw)
     if lat.height:
-        rows += _latency_rows(run, lat, replay, origin, kw)
-    rows += _prefix_rows(run, refs, inputs, replay, origin, frames, kw)
+        rows += _latency_rows(run, lat, twin, kw)
+    rows += _prefix_rows(run, refs, twin, frames, kw)
     notes = [
         f"front end: {inputs.frontend}",
         *(f"instance {i}: {x.role}, max_num_seqs {x.engine.max_num_seqs}, max_num_batched_tokens "
@@ -112,53 +153,66 @@ def cluster_rows(db: str | Path, run: str, *, samples: int = 1000, seed: int = 0
     return RunRows(rows, series, notes)
 
 
+def _relative(
+    run: str, metric: str, real: float, twin_v: float, own: tuple[float, float], twin: ClusterTwin,
+    key: str, peers: dict[str, float], own_name: str,
+) -> ValidationRow:  # fmt: skip
+    """A relative row: its own interval (`own_name`) and the model's sources combined."""
+    err = twin_v / real - 1.0
+    src = {own_name: interval_spread(err, own)} | spreads(twin, key)
+    return make_row(run, metric, real, twin_v, err, combined_interval(err, src), peers, sources=src)
+
+
 def _throughput_rows(
     run: str,
     thr: dict[str, np.ndarray],
-    replay: Any,
-    origin: float,
-    last: float,
+    twin: ClusterTwin,
     with_rate: bool,
     frames: list[pl.DataFrame],
     kw: dict[str, int],
 ) -> list[ValidationRow]:
     real = np.nan_to_num(thr["real"])
-    n = max(len(real), math.ceil(last) + 2)
-    twin = throughput_ticks(replay, origin, n)
+    series = np.asarray(twin.values["throughput"])
+    last = float(twin.values["span_s"])
     peers = {k: np.nan_to_num(v) for k, v in thr.items() if k != "real"}
-    for src, v in (("real", real), ("twin", twin), *peers.items()):
+    for src, v in (("real", real), ("twin", series), *peers.items()):
         frames.append(_frame(np.arange(len(v)), "throughput_tok_s", None, src, v))
-    k_real, k_twin = span_ticks(real), span_ticks(twin)
+    k_real, k_twin = span_ticks(real), span_ticks(series)
     rows = []
     if k_real > 2:
         # the real run's last token lies in (k-2, k]: its 1 s logger runs at an unknown phase
-        lo, hi = last / k_real - 1.0, last / (k_real - 2) - 1.0
-        rows.append(make_row(
-            run, "span_s", float(k_real), float(k_twin), k_twin / k_real - 1.0, (lo, hi),
-            {p: span_ticks(v) / k_real - 1.0 for p, v in peers.items()},
+        own = (last / k_real - 1.0, last / (k_real - 2) - 1.0)
+        rows.append(_relative(
+            run, "span_s", float(k_real), float(k_twin), own, twin, "span_s",
+            {p: span_ticks(v) / k_real - 1.0 for p, v in peers.items()}, "ticks",
         ))  # fmt: skip
+    covered = share(inside_band(twin, "throughput", real, real > 0))
     rows.append(make_row(
-        run, "throughput_tick_mape", float(np.mean(real[real > 0])), float(np.mean(twin[: len(real)][real[: len(twin)] > 0])),
-        tick_mape(real, twin), block_interval(tick_mape, real, twin, **kw),
-        {p: tick_mape(real, v) for p, v in peers.items()}, "fraction",
+        run, "throughput_tick_mape", float(np.mean(real[real > 0])), float(np.mean(series[: len(real)][real[: len(series)] > 0])),
+        tick_mape(real, series), block_interval(tick_mape, real, series, **kw),
+        {p: tick_mape(real, v) for p, v in peers.items()}, "fraction", ticks_covered=covered, per_tick=True,
     ))  # fmt: skip
     if with_rate and k_real > 2:
-        r_rate, t_rate = real.sum() / k_real, twin.sum() / max(k_twin, 1)
-        exact = twin.sum() / last
-        ci = (exact / (real.sum() / (k_real - 2)) - 1.0, exact / r_rate - 1.0)
-        rows.append(make_row(
-            run, "throughput_tok_s", r_rate, t_rate, t_rate / r_rate - 1.0, ci,
+        # the run's output tokens (its requests'), over each side's span: the real series'
+        # own sum can fall short of them (its log lines lost some)
+        tokens = float(sum(q.output_tokens for q in twin.replay.requests))
+        r_rate, t_rate = tokens / k_real, tokens / max(k_twin, 1)
+        exact = tokens / last
+        own = (exact / (tokens / (k_real - 2)) - 1.0, exact / r_rate - 1.0)
+        rows.append(_relative(
+            run, "throughput_tok_s", r_rate, t_rate, own, twin, "throughput_tok_s",
             {p: (v.sum() / max(span_ticks(v), 1)) / r_rate - 1.0 for p, v in peers.items()},
+            "ticks",
         ))  # fmt: skip
     return rows
 
 
 def _latency_rows(
-    run: str, lat: pl.DataFrame, replay: Any, origin: float, kw: dict[str, int]
+    run: str, lat: pl.DataFrame, twin: ClusterTwin, kw: dict[str, int]
 ) -> list[ValidationRow]:
     real = lat.filter(pl.col("is_real")).row(0, named=True)
     peers = lat.filter(~pl.col("is_real")).to_dicts()
-    reqs = replay.requests
+    reqs = twin.replay.requests
     arr = np.array([q.arrival_s for q in reqs])
     t_out = np.array([q.output_tokens for q in reqs], dtype=float)
     sim = Timings(
@@ -174,29 +228,27 @@ def _latency_rows(
         }
 
     if real["throughput_tok_s"]:
-        span = sim.t_done.max() - arr.min()
-        twin = t_out.sum() / span
+        rv, twin_v = real["throughput_tok_s"], float(twin.values["throughput_tok_s"])
         rng = np.random.default_rng(kw["seed"])
         idx = rng.integers(0, len(reqs), size=(kw["samples"], len(reqs)))
         boot = t_out[idx].sum(axis=1) / (sim.t_done[idx].max(axis=1) - arr[idx].min(axis=1))
-        lo, hi = np.percentile(boot / real["throughput_tok_s"] - 1.0, [2.5, 97.5])
-        rows.append(make_row(
-            run, "throughput_tok_s", real["throughput_tok_s"], twin,
-            twin / real["throughput_tok_s"] - 1.0, (float(lo), float(hi)), peer_errors("throughput_tok_s"),
+        lo, hi = np.percentile(boot / rv - 1.0, [2.5, 97.5])
+        rows.append(_relative(
+            run, "throughput_tok_s", rv, twin_v, (float(lo), float(hi)), twin, "throughput_tok_s",
+            peer_errors("throughput_tok_s"), "requests",
         ))  # fmt: skip
     ttft, tpot, e2e = real["ttft_mean_s"], real["tpot_mean_s"], real["e2e_mean_s"]
     if ttft is not None or tpot is not None:
         first = arr + (ttft or 0.0)
         done = first + (tpot or 0.0) * np.maximum(t_out - 1, 0)
         m = compare(Timings(arr, t_out, first, done), sim, samples=kw["samples"], seed=kw["seed"])
-        for name, col, val in (
-            ("ttft_mean_s", "ttft_mean_s", ttft),
-            ("tpot_mean_s", "tpot_mean_s", tpot),
-        ):
+        for name, val in (("ttft_mean_s", ttft), ("tpot_mean_s", tpot)):
             if val is not None and val > 0:
                 x = m[name]
                 rows.append(
-                    make_row(run, name, val, x.sim, x.sim / val - 1.0, x.ci95, peer_errors(col))
+                    _relative(
+                        run, name, val, x.sim, x.ci95, twin, name, peer_errors(name), "requests"
+                    )
                 )
     if e2e is not None and e2e > 0:
         m = compare(
@@ -204,35 +256,31 @@ def _latency_rows(
         )
         x = m["e2e_mean_s"]
         rows.append(
-            make_row(
-                run, "e2e_mean_s", e2e, x.sim, x.sim / e2e - 1.0, x.ci95, peer_errors("e2e_mean_s")
-            )
-        )
+            _relative(run, "e2e_mean_s", e2e, x.sim, x.ci95, twin, "e2e_mean_s",
+                      peer_errors("e2e_mean_s"), "requests")
+        )  # fmt: skip
     return rows
 
 
 def _prefix_rows(
     run: str,
     refs: pl.DataFrame,
-    inputs: Any,
-    replay: Any,
-    origin: float,
+    twin: ClusterTwin,
     frames: list[pl.DataFrame],
     kw: dict[str, int],
 ) -> list[ValidationRow]:
     rows: list[ValidationRow] = []
     per_node: list[ValidationRow] = []
     pooled: dict[str, dict[str, list[np.ndarray]]] = {"hit": {}, "kv": {}}
-    nodes = sorted(
-        {int(x) for x in refs.filter(pl.col("scope") == "instance")["node_id"].to_list()}
-    )
+    nodes = sorted(twin.ticks.nodes)
     for node in nodes:
         hits = _arrays(refs, "prefix_hit_pct", node)
         mem = _arrays(refs, "gpu_mem_mb", node)
-        n = max([len(v) for v in (*hits.values(), *mem.values())])
-        st = state_ticks(replay, node, origin, n)
-        w, blk = weights_mib(inputs, node), block_mib(inputs, node)
-        twin = {"hit": hit_pct(st["local_hits"], st["queries"]), "kv": st["kv_blocks"] * blk}
+        w = weights_mib(twin.inputs, node)
+        series = {
+            "hit": np.asarray(twin.values[f"hit[{node}]"]),
+            "kv": np.asarray(twin.values[f"kv[{node}]"]),
+        }
         got = {"hit": hits, "kv": {k: v - w for k, v in mem.items()}}
         for key, metric, ref_metric in (
             ("hit", "prefix_hit_tick_mae", "prefix_hit_pct"),
@@ -241,75 +289,78 @@ def _prefix_rows(
             ref = got[key]
             if "real" not in ref:
                 continue
-            real, tw = _ok(ref["real"], twin[key])
+            real, tw = _ok(ref["real"], series[key])
+            inside = inside_band(twin, f"{key}[{node}]", ref["real"])
             peers = {p: _ok(ref["real"], v) for p, v in ref.items() if p != "real"}
             bucket = pooled[key]
             bucket.setdefault("real", []).append(real)
             bucket.setdefault("twin", []).append(tw)
+            bucket.setdefault("inside", []).append(inside)
             for p, (pr, pv) in peers.items():
                 bucket.setdefault(p, []).append(pv)
                 bucket.setdefault(f"real:{p}", []).append(pr)
             off = 0.0 if key == "hit" else w
             for src, v in (
                 ("real", ref["real"] + off),
-                ("twin", twin[key] + off),
+                ("twin", series[key] + off),
                 *((p, ref[p] + off) for p in peers),
             ):
                 frames.append(_frame(np.arange(len(v)), ref_metric, node, src, v))
             if len(nodes) > 1:
-                per_node.append(_series_row(run, f"{metric}[{node}]", real, tw, peers, key, kw))
+                per_node.append(
+                    _series_row(run, f"{metric}[{node}]", real, tw, peers, key, kw, share(inside))
+                )
     for key, metric in (("hit", "prefix_hit_tick_mae"), ("kv", "kv_mem_tick_wape")):
         b = pooled[key]
         if "real" not in b:
             continue
         real, tw = np.concatenate(b["real"]), np.concatenate(b["twin"])
         peers = {p: (np.concatenate(b[f"real:{p}"]), np.concatenate(v)) for p, v in b.items()
-                 if p not in ("real", "twin") and not p.startswith("real:")}  # fmt: skip
-        rows.append(_series_row(run, metric, real, tw, peers, key, kw))
+                 if p not in ("real", "twin", "inside") and not p.startswith("real:")}  # fmt: skip
+        rows.append(
+            _series_row(run, metric, real, tw, peers, key, kw, share(np.concatenate(b["inside"])))
+        )
         if key == "kv":
-            rows.append(make_row(
-                run, "kv_mem_mean_mib", float(real.mean()), float(tw.mean()), tw.mean() / real.mean() - 1.0,
-                block_interval(lambda a, b: b.mean() / a.mean() - 1.0, real, tw, **kw),
-                {p: pv.mean() / pr.mean() - 1.0 for p, (pr, pv) in peers.items()},
+            own = block_interval(lambda a, b: b.mean() / a.mean() - 1.0, real, tw, **kw)
+            rows.append(_relative(
+                run, "kv_mem_mean_mib", float(real.mean()), float(tw.mean()), own, twin,
+                "kv_mem_mean_mib", {p: pv.mean() / pr.mean() - 1.0 for p, (pr, pv) in peers.items()},
+                "ticks",
             ))  # fmt: skip
-    return rows + per_node + _pool_rows(run, refs, inputs, replay, origin, frames, kw)
+    return rows + per_node + _pool_rows(run, refs, twin, frames, kw)
 
 
 def _series_row(
     run: str, metric: str, real: np.ndarray, twin: np.ndarray,
     peers: dict[str, tuple[np.ndarray, np.ndarray]], key: str, kw: dict[str, int],
+    ticks_covered: float | None,
 ) -> ValidationRow:  # fmt: skip
     fn = tick_mae if key == "hit" else tick_wape
     return make_row(
         run, metric, float(np.mean(real)), float(np.mean(twin)), fn(real, twin),
         block_interval(fn, real, twin, **kw), {p: fn(pr, pv) for p, (pr, pv) in peers.items()},
-        "points" if key == "hit" else "fraction",
+        "points" if key == "hit" else "fraction", ticks_covered=ticks_covered, per_tick=True,
     )  # fmt: skip
 
 
 def _pool_rows(
-    run: str, refs: pl.DataFrame, inputs: Any, replay: Any, origin: float,
-    frames: list[pl.DataFrame], kw: dict[str, int],
+    run: str, refs: pl.DataFrame, twin: ClusterTwin, frames: list[pl.DataFrame],
+    kw: dict[str, int],
 ) -> list[ValidationRow]:  # fmt: skip
     hits, mem = _arrays(refs, "cpu_prefix_hit_pct", None), _arrays(refs, "cpu_mem_mb", None)
     if "real" not in hits and "real" not in mem:
         return []
-    n = max(len(v) for v in (*hits.values(), *mem.values()))
-    q = e = np.zeros(n)
-    for node in range(len(replay.instances)):
-        st = state_ticks(replay, node, origin, n)
-        q, e = q + st["queries"], e + st["external_hits"]
-    chunk_mib = replay.pool.chunk_bytes / 2**20 if replay.pool is not None else 0.0
-    twin = {"hit": hit_pct(e, q), "kv": pool_chunks_ticks(replay, origin, n) * chunk_mib}
+    series = {"hit": np.asarray(twin.values["pool_hit"]), "kv": np.asarray(twin.values["pool_kv"])}
     rows = []
     for key, ref, metric, ref_metric in (
         ("hit", hits, "pool_hit_tick_mae", "cpu_prefix_hit_pct"), ("kv", mem, "pool_mem_tick_wape", "cpu_mem_mb"),
     ):  # fmt: skip
         if "real" not in ref:
             continue
-        real, tw = _ok(ref["real"], twin[key])
+        real, tw = _ok(ref["real"], series[key])
         peers = {p: _ok(ref["real"], v) for p, v in ref.items() if p != "real"}
-        for src, v in (("real", ref["real"]), ("twin", twin[key]), *((p, ref[p]) for p in peers)):
+        for src, v in (("real", ref["real"]), ("twin", series[key]), *((p, ref[p]) for p in peers)):
             frames.append(_frame(np.arange(len(v)), ref_metric, None, src, v))
-        rows.append(_series_row(run, metric, real, tw, peers, key, kw))
+        inside = inside_band(twin, f"pool_{key}", ref["real"])
+        rows.append(_series_row(run, metric, real, tw, peers, key, kw, share(inside)))
     return rows

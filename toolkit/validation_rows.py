@@ -10,6 +10,9 @@ import polars as pl
 PEER_ORDER = ("LLMServingSim", "Vidur", "APEX", "TokenSim")
 
 
+TICKS_COVERED = 0.95  # a per-tick row is covered when this share of ticks is in the band
+
+
 class ValidationRow(NamedTuple):
     run: str
     metric: str
@@ -20,6 +23,13 @@ class ValidationRow(NamedTuple):
     covered: bool
     peers: dict[str, float]  # peer simulator -> its error, same definition as `error`
     kind: str  # relative | fraction | points
+    # A relative row: whether its interval is bounded, and its half-width; a per-tick row:
+    # the share of ticks whose real value lies in the twin's per-tick 95% band (toolkit.
+    # validate: covered when >= TICKS_COVERED).
+    known: bool = True
+    half_width: float | None = None
+    ticks_covered: float | None = None
+    sources: dict[str, tuple[float, float]] | None = None  # source -> (down, up), log units
 
     def to_json(self) -> dict[str, Any]:
         def num(x: float | None) -> float | None:
@@ -35,6 +45,12 @@ class ValidationRow(NamedTuple):
             "covered": bool(self.covered),
             "peers": {k: num(v) for k, v in self.peers.items()},
             "kind": self.kind,
+            "known": self.known,
+            "half_width": num(self.half_width),
+            "ticks_covered": num(self.ticks_covered),
+            "sources": None
+            if self.sources is None
+            else {k: [num(d), num(u)] for k, (d, u) in self.sources.items()},
         }
 
 
@@ -47,11 +63,27 @@ def make_row(
     ci95: tuple[float, float],
     peers: dict[str, float] | None = None,
     kind: str = "relative",
+    *,
+    sources: dict[str, tuple[float, float]] | None = None,
+    ticks_covered: float | None = None,
+    per_tick: bool = False,
 ) -> ValidationRow:
+    """One row; `per_tick`: covered by its ticks, `ticks_covered` None when the twin's band is
+    not known (ValidationRow)."""
     lo, hi = ci95
-    covered = bool(math.isfinite(lo) and math.isfinite(hi) and lo <= 0.0 <= hi)
+    known = bool(math.isfinite(lo) and math.isfinite(hi) and (kind != "relative" or lo > -1.0))
+    if per_tick:
+        known = ticks_covered is not None
+        covered = bool(ticks_covered is not None and ticks_covered >= TICKS_COVERED)
+        half = None
+    else:
+        covered = bool(known and lo <= 0.0 <= hi)
+        half = (hi - lo) / 2.0 if known else None
     ordered = {p: (peers or {})[p] for p in sorted(peers or {}, key=_peer_key)}
-    return ValidationRow(run, metric, real, twin, error, (lo, hi), covered, ordered, kind)
+    return ValidationRow(
+        run, metric, real, twin, error, (lo, hi), covered, ordered, kind, known, half,
+        ticks_covered, sources,
+    )  # fmt: skip
 
 
 def _peer_key(name: str) -> tuple[int, str]:
@@ -79,7 +111,8 @@ class ValidationTable(NamedTuple):
                 {
                     "run": r.run, "metric": r.metric, "real": r.real, "twin": r.twin,
                     "error": r.error, "ci95_lo": r.ci95[0], "ci95_hi": r.ci95[1],
-                    "covered": r.covered, "kind": r.kind,
+                    "covered": r.covered, "kind": r.kind, "known": r.known,
+                    "half_width": r.half_width, "ticks_covered": r.ticks_covered,
                     **{f"peer:{p}": r.peers.get(p) for p in peers},
                 }
                 for r in self.rows

@@ -7,7 +7,8 @@ Two protocols, one per direction of a live cluster:
   `cancel_switch`).
 - `ClusterEngines`: what a control server needs of a running cluster — its lifecycle, its
   clock, the `ControlPlane` it drives, the status of each node, health, how finished or
-  failed it is, its telemetry, and its completed requests (for the rolling latency).
+  failed it is, its telemetry (and a tap on its rows, for the server's metrics), and its
+  completed requests (for the rolling latency).
 
 Implementations: the simulator paced to wall-clock time (`cluster.sim.paced`) and live
 SGLang engines (`cluster.sglang.live.cluster`); the server (`cluster.server`) knows only
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from cluster.control.planning import SwitchMode
-from cluster.core import Phase
+from cluster.core import Phase, TelemetrySink
 
 if TYPE_CHECKING:
     from cluster.control.control_plane import ControlPlane
@@ -114,6 +115,13 @@ class ClusterEngines(Protocol):
 
     def set_request_listener(self, listener: RequestListener) -> None:
         """Call `listener` (lock held) for every request that completes from now on."""
+        ...
+
+    def set_telemetry_tap(self, tap: TelemetrySink) -> None:
+        """Hand `tap` every batch of telemetry rows (SPEC §3 tables) the engines and their
+        control plane write, as the database gets them, with or without a database (the
+        server's Prometheus metrics). Called before `start`; `tap.emit` may be called from
+        any of the engines' threads."""
         ...
 
     def start(self) -> None:

@@ -17,8 +17,10 @@ of one max_num_batched_tokens forward, the sampler's float32 logits for max_num_
 sequences (twice: logits and probabilities), plus a fixed 0.75 GiB for CUDA graphs and
 non-torch allocations (NCCL, cuBLAS workspaces). It is an estimate: pass the reserve, or the
 blocks, when known. `kv_blocks_range` states its spread: the reserve from half to twice the
-estimate, and 2% less memory than the nominal size (a "24 GB" RTX 4090 shows 23.5 GiB;
-its run recorded 2,588 blocks where 24 GiB and the estimated reserve give 2,791). Under
+estimate, and, for a nominal memory size (a flag, a cluster description), up to 3% less
+memory than that size (a "24 GB" RTX 4090 shows 23.5 GiB, 2.1% less; its run recorded 2,588
+blocks where 24 GiB and the estimated reserve give 2,791); a size the device reported is
+exact. Under
 expert parallelism a rank holds 1/EP of the expert weights and every attention and dense
 weight (`ModelShape.weight_bytes`), so the experts it does not hold are KV room.
 """
@@ -36,7 +38,7 @@ GIB = 1024**3
 FIXED_RESERVE_BYTES = int(0.75 * GIB)
 VLLM_DEFAULT_UTILIZATION = 0.9
 RESERVE_SPREAD = (0.5, 2.0)  # the non-KV reserve: from half to twice the estimate
-MEMORY_SLACK = 0.02  # usable GPU memory below the nominal size
+MEMORY_SLACK = 0.03  # usable GPU memory below a nominal size, at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,14 +173,18 @@ class EngineSettings:
             )
         return KvCapacity(blocks * self.block_size, blocks, per_token, "GPU memory")
 
-    def kv_blocks_range(self, shape: ModelShape) -> tuple[int, int]:
-        """Plausible (low, high) KV blocks per engine of the estimate from GPU memory."""
+    def kv_blocks_range(self, shape: ModelShape, *, nominal_memory: bool = True) -> tuple[int, int]:
+        """Plausible (low, high) KV blocks per engine of the estimate from GPU memory (module
+        docstring); 0 at the low end when that end leaves no room for KV."""
         if self.gpu_memory_bytes is None:
             raise ConfigError("a KV range from memory needs the GPU memory")
         reserve = self.non_kv_reserve_bytes(shape)
         util = self.gpu_memory_utilization or VLLM_DEFAULT_UTILIZATION
-        slack = MEMORY_SLACK * self.gpu_memory_bytes * util
-        low = self.kv_capacity(shape, int(RESERVE_SPREAD[1] * reserve + slack)).blocks
+        slack = MEMORY_SLACK * self.gpu_memory_bytes * util if nominal_memory else 0.0
+        try:
+            low = self.kv_capacity(shape, int(RESERVE_SPREAD[1] * reserve + slack)).blocks
+        except ConfigError:
+            low = 0
         high = self.kv_capacity(shape, int(RESERVE_SPREAD[0] * reserve)).blocks
         return low, high
 

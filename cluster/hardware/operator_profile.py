@@ -14,6 +14,11 @@ reports the coefficients, robust 95% intervals (a cluster bootstrap over the gri
 sizes or batch sizes, models.forms.robust_ci) and held-out MAPE (every point predicted by
 a fit that did not see it).
 
+A bundle calibrated in situ on a recorded run (`calibration.json` beside the tables, as
+toolkit.torch_profile_calibration writes it) keeps that record (`calibration`), and a
+bundle's `link.json` names where the collectives' link came from (`link_source`, when the
+profile's link is that one); both are in the notes.
+
 The JSON document (`format` "pdlab-operator-profile") carries the operator tables too, so
 `OperatorProfile.pricer` prices any mixed batch exactly as the grid does, and the model's
 KV bytes per token and weight bytes (per rank and in all). cluster.hardware.profiles
@@ -100,6 +105,8 @@ class OperatorProfile:
     kv_tokens: int | None = None
     notes: tuple[str, ...] = ()
     memory_gbps: float | None = None  # GPU memory bandwidth (the pricer's attention floor)
+    link_source: str = ""  # where the link was measured or fitted ("": assumed)
+    calibration: dict[str, Any] | None = None  # the bundle's in-situ calibration record
     pricer: IterationPricer = field(init=False)
 
     def __post_init__(self) -> None:
@@ -138,6 +145,8 @@ class OperatorProfile:
             },
             "notes": list(self.notes),
             "memory_gbps": self.memory_gbps,
+            "link_source": self.link_source,
+            "calibration": self.calibration,
             "tables": self.tables.to_json(),
         }
 
@@ -180,6 +189,8 @@ class OperatorProfile:
                 kv_tokens=doc.get("kv_tokens"),
                 notes=tuple(doc.get("notes", ())),
                 memory_gbps=doc.get("memory_gbps"),
+                link_source=str(doc.get("link_source") or ""),
+                calibration=doc.get("calibration"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"{source}: malformed {FORMAT} document ({exc!r})") from None
@@ -339,9 +350,17 @@ def build_profile(
             notes.append(f"no mixed fit: {len(y)} mixed points in the grid")
             continue
         fits[phase] = fit_phase(phase, rows, y, cluster, shape)
-    if tp > 1 or par.ep > 1:
+    link_source, calibration = _bundle_link_source(d, par), _bundle_calibration(d)
+    if calibration is not None:
         notes.append(
-            f"communication assumed: {par.link_gbps:g} GB/s, {par.link_latency_s * 1e6:g} us per collective"
+            f"calibrated in situ: fitted on run {calibration.get('fitted_on') or calibration.get('run')}"
+            f" (fixed costs x{calibration.get('fixed_factor', 1.0):.3g}, per-unit costs "
+            f"x{calibration.get('unit_factor', 1.0):.3g})"
+        )
+    if tp > 1 or par.ep > 1:
+        said = link_source or "assumed"
+        notes.append(
+            f"communication {said}: {par.link_gbps:g} GB/s, {par.link_latency_s * 1e6:g} us per collective"
         )
     kv_tokens = None
     if engine is not None and (engine.num_gpu_blocks or engine.gpu_memory_bytes):
@@ -358,7 +377,42 @@ def build_profile(
         kv_tokens=kv_tokens,
         notes=tuple(notes),
         memory_gbps=memory_gbps,
+        link_source=link_source,
+        calibration=calibration,
     )
+
+
+def _bundle_calibration(d: Path) -> dict[str, Any] | None:
+    """The bundle's in-situ calibration record (`calibration.json`), if it has one."""
+    import json
+
+    path = d / "calibration.json"
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text())
+    except ValueError as e:
+        raise ConfigError(f"{path}: not JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: not a calibration record (a JSON object)")
+    return {k: v for k, v in doc.items() if k != "db"}  # where it was fitted is local
+
+
+def _bundle_link_source(d: Path, par: Parallelism) -> str:
+    """`link.json`'s source when the profile's link is that file's, else ""."""
+    import json
+
+    path = d / "link.json"
+    if not path.is_file():
+        return ""
+    try:
+        doc = json.loads(path.read_text())
+        same = np.isclose(float(doc["link_gbps"]), par.link_gbps, rtol=1e-5) and np.isclose(
+            float(doc["link_latency_s"]), par.link_latency_s, rtol=1e-5
+        )
+    except (ValueError, KeyError, TypeError):
+        return ""
+    return str(doc.get("source") or "") if same else ""
 
 
 LAYOUTS = ("auto", "dense", "layers")

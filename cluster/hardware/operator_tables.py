@@ -8,7 +8,9 @@ in microseconds, one decoder layer's operators measured on one rank:
   call for a prefill chunk over kv_prefill cached tokens plus n_decode decodes with
   kv_decode cached tokens each (0 = none);
 - moe.csv (tokens, activated_experts, time_us), MoE models: the whole MoE block on one rank
-  by tokens after dispatch and distinct experts touched.
+  holding the experts by tokens, each routed to top-k of the distinct experts touched
+  (tokens x top-k expert-token pairs; a fractional count when an EP rank's tokens received
+  after dispatch are re-keyed to that, cluster.engines.torch.op_profile).
 
 `OperatorTables` sums the operators into what an iteration charges (seconds): per layer
 (every dense op once, `layernorm` twice: input and post-attention norm), per iteration
@@ -78,6 +80,10 @@ def _number(path: Path, line: int, field: str, text: str | None, *, integer: boo
         kind = "an integer >= 0" if integer else "a finite number >= 0"
         raise ProfileError(f"{path}: line {line}: field {field} must be {kind}, got {text!r}")
     return value
+
+
+def _int_or_float(x: float) -> int | float:
+    return int(x) if x == int(x) else float(x)
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +229,7 @@ class OperatorTables:
     def _moe(path: Path, factor: float) -> FloatArray:
         rows = []
         for line, row in _rows(path, ("tokens", "activated_experts", "time_us")):
-            t = _number(path, line, "tokens", row["tokens"], integer=True)
+            t = _number(path, line, "tokens", row["tokens"])
             e = _number(path, line, "activated_experts", row["activated_experts"], integer=True)
             rows.append((t, e, _number(path, line, "time_us", row["time_us"]) * US / factor))
         if not rows:
@@ -250,7 +256,7 @@ class OperatorTables:
             if self.moe is None
             else {
                 "columns": ["tokens", "activated_experts", "seconds"],
-                "rows": [[int(r[0]), int(r[1]), float(r[2])] for r in self.moe],
+                "rows": [[_int_or_float(r[0]), int(r[1]), float(r[2])] for r in self.moe],
             },
             "ops": list(self.ops),
             "tp": self.tp,

@@ -365,10 +365,28 @@ class IterationPricer:
         comm = self.communication_time(n_dense, group_tokens)
         return IterationCost(dense, attention, moe, self._seq.at(seqs), comm)
 
+    def dummy_cost(
+        self, group_tokens: float | None = None, padded_tokens: float | None = None
+    ) -> IterationCost:
+        """An idle DP rank's dummy pass (vLLM's `execute_dummy_batch`: `_dummy_run(1,
+        uniform_decode=True, force_attention=True)`, a one-token decode that samples
+        nothing): the dense operators, one decode's attention and the MoE block of one
+        token (or `padded_tokens`) in every layer and the collectives of the EP group's
+        tokens; no lm_head, no sampler."""
+        n = 1.0 if padded_tokens is None else max(1.0, padded_tokens)
+        dense = self._dense_layers * self._layer.at(n) + self._iter.at(n)
+        attention = self.shape.num_layers * self.attention_time([], [1])
+        moe = self.shape.num_moe_layers * self.moe_time(1.0, group_tokens)
+        comm = self.communication_time(n, group_tokens)
+        return IterationCost(dense, attention, moe, 0.0, comm)
+
     def outside_layers_time(self, tokens: float, sequences: float) -> float:
         """Seconds of an iteration outside its decoder layers (embedding, final norm,
-        lm_head, sampler): the part after a DP group's last MoE layer (`cost` includes it)."""
-        return self._iter.at(tokens) + self._seq.at(sequences) if tokens > 0 else 0.0
+        lm_head, sampler): the part after a DP group's last MoE layer (`cost` includes it);
+        with no sequences (a dummy pass) no lm_head or sampler runs."""
+        if tokens <= 0:
+            return 0.0
+        return self._iter.at(tokens) + (self._seq.at(sequences) if sequences > 0 else 0.0)
 
     def time(
         self,

@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -82,6 +83,9 @@ class HardwareProfile:
     pricer: IterationPricer | None = None
     model_shape: ModelShape | None = None
     engine: EngineSettings | None = None
+    link_source: str = ""  # where the pricer's link came from ("": assumed)
+    # an in-situ calibration record (not part of equality or hashing)
+    calibration: dict[str, Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if any(c < 0 for c in (*self.prefill, *self.decode)):
@@ -318,6 +322,8 @@ def from_operator_profile(op: OperatorProfile, *, base: str = "gb300") -> Hardwa
         pricer=op.pricer,
         model_shape=op.shape,
         engine=engine,
+        link_source=op.link_source,
+        calibration=op.calibration,
     )
 
 

@@ -10,7 +10,10 @@ when the control plane refuses (node already switching, last node of a phase, co
 warmup, run ended), 413 for a body over the limit, 422 for a malformed body or value, naming
 what is allowed (input echoed at most `ECHO_CHARS` characters), 503 before the cluster
 started or after a failure stopped its run. No page served loads anything from the network:
-the interactive docs (/docs, /redoc) are off, /openapi.json stays.
+the interactive docs (/docs, Swagger UI) load their scripts from this server
+(`fastapi_offline` ships them; FastAPI's own page would fetch them from a CDN), beside
+/openapi.json; Swagger UI's online validator is off. /redoc stays off (ReDoc draws its logo
+from a CDN).
 
 Handlers are plain `def`s: FastAPI runs them in its thread pool and each takes the
 control-plane lock, so concurrent calls are serialized against each other and the pacing
@@ -27,6 +30,7 @@ from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi_offline import FastAPIOffline
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.routing import BaseRoute
 
@@ -136,7 +140,7 @@ def create_app(
             if manage:
                 service.stop()
 
-    app = FastAPI(
+    app = FastAPIOffline(
         title="pdlab control server",
         version="1",
         description=(
@@ -144,7 +148,7 @@ def create_app(
             f"'Authorization: Bearer <token>'; bodies are at most {max_body_bytes} bytes."
         ),
         lifespan=lifespan,
-        docs_url=None,  # the Swagger and ReDoc pages load scripts from a CDN
+        swagger_ui_parameters={"validatorUrl": None},  # it would send the schema off-host
         redoc_url=None,
     )
     app.state.service = service

@@ -5,9 +5,10 @@ paced to wall-clock time, live SGLang engines, or any other — at the cluster's
 reads (health, cluster, timeline, planner, router, branches, directory) and mutations (phase
 switches, planner and router settings, applying the planner's split) go through the control
 plane's methods and read-only accessors. It owns what every cluster shares: the rolling
-latency of completed requests, the timeline the dashboard plots, and a housekeeping thread
-that samples that timeline and flushes the engines' telemetry so other processes read the
-run while it is written (`telemetry.open_reader`).
+latency of completed requests, the Prometheus histograms and counters counted from the
+engines' telemetry rows (`RowMetrics`, tapped into the engines), the timeline the dashboard
+plots, and a housekeeping thread that samples that timeline and flushes the engines'
+telemetry so other processes read the run while it is written (`telemetry.open_reader`).
 
 One lock (`ControlPlane.lock`, once the engines started) serializes the engines' threads and
 every handler, so a handler sees a consistent cluster and two switch requests for one node
@@ -50,6 +51,7 @@ from cluster.server.payloads import (
     planner_json,
     router_json,
 )
+from cluster.server.row_metrics import RowMetrics
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +85,8 @@ class ControlService:
         self.latency = RollingLatency(cfg.latency_window_s)
         self.timeline = Timeline(cfg.timeline_samples)
         engines.set_request_listener(self.latency.add)
+        self.row_metrics = RowMetrics()  # /metrics' histograms and counters
+        engines.set_telemetry_tap(self.row_metrics)
         self.summary: dict[str, Any] | None = None
         self.failure: str | None = None  # the background failure that stopped the run
         self._lock = ContendedRLock()  # until the engines' control plane exists
@@ -101,6 +105,7 @@ class ControlService:
         if self._thread is not None:
             return
         self.engines.start()
+        self.row_metrics.add_nodes(self.engines.node_ids())
         self._thread = threading.Thread(target=self._housekeep, name="pdlab-service", daemon=True)
         self._thread.start()
 
@@ -283,8 +288,14 @@ class ControlService:
         with self.lock:
             if self.engines.control_plane is None:
                 return None
+            cp = self._cp()
             snap = self.cluster()
             snap["directory"] = self.directory_stats()
+            snap["branches_active"] = len(cp.active_branches())
+            decision = cp.planner_settings().last_decision
+            snap["planner_decision"] = None if decision is None else decision_json(decision)
+            for n in snap["nodes"]:
+                n["directory_blocks"] = cp.node_blocks(n["id"])
             return snap
 
     # ---- mutations -----------------------------------------------------------------------

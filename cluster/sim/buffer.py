@@ -33,6 +33,10 @@ class BufferedSink:
         # A sink that declares `discards_rows = True` (NullSink) drops every row: nothing is
         # buffered for it, and hot paths may skip building rows (`wants`).
         self.discards = bool(getattr(sink, "discards_rows", False))
+        # A sink may name the only tables it reads (`reads_tables`, e.g. a server's metrics without
+        # a database): the others join `skip` when first emitted, and `wants` says so.
+        kept = getattr(sink, "reads_tables", None)
+        self.kept: frozenset[str] | None = None if kept is None else frozenset(kept)
         self.flush_interval_s = flush_interval_s
         self._cols: dict[str, dict[str, list[Any]]] = {}
         self._rows: dict[str, int] = {}
@@ -43,13 +47,20 @@ class BufferedSink:
     def wants(self, table: str) -> bool:
         """Whether rows of `table` reach the sink (not skipped, not dropped by it): callers
         may skip building rows nobody keeps."""
-        return not self.discards and table not in self.skip
+        return (
+            not self.discards
+            and table not in self.skip
+            and (self.kept is None or table in self.kept)
+        )
 
     def emit(self, table: str, columns: Mapping[str, Sequence[Any]]) -> None:
         if self.discards or table in self.skip:
             return
         dst = self._cols.get(table)
         if dst is None:
+            if not self.wants(table):
+                self.skip = self.skip | {table}
+                return
             dst = self._cols[table] = {k: [] for k in columns}
             self._rows[table] = 0
         n = 0
@@ -69,6 +80,9 @@ class BufferedSink:
             return
         dst = self._cols.get(table)
         if dst is None:
+            if not self.wants(table):
+                self.skip = self.skip | {table}
+                return
             dst = self._cols[table] = {k: [] for k in values}
             self._rows[table] = 0
         for k, v in values.items():

@@ -33,7 +33,7 @@ from typing import Any
 from cluster.control.control_plane import ControlPlane
 from cluster.control.engines import CompletedRequest, NodeStatus, RequestListener
 from cluster.control.planner_driver import PLANNER_MODES
-from cluster.core import ConfigError
+from cluster.core import ConfigError, TelemetrySink, tee
 from cluster.sim.config import SimConfig
 from cluster.sim.runner import config_dict, register_nodes
 from cluster.sim.simulator import Simulator
@@ -88,6 +88,7 @@ class PacedSimulation:
         self._failed_at: float | None = None  # simulated time of the failure
         self._sub_step = 0.1  # simulated seconds per step_until call while pacing (adapted)
         self._listener: RequestListener | None = None
+        self._tap: TelemetrySink | None = None
         self._cursor = 0  # requests of `sim.requests` seen so far (the list only grows)
         self._open: list[Any] = []  # seen, not yet done
         self._flushed_at_end = False
@@ -115,6 +116,9 @@ class PacedSimulation:
     def set_request_listener(self, listener: RequestListener) -> None:
         self._listener = listener
 
+    def set_telemetry_tap(self, tap: TelemetrySink) -> None:
+        self._tap = tap
+
     def start(self) -> None:
         """Open the telemetry run, build the simulator and start pacing it."""
         if self._thread is not None:
@@ -131,7 +135,7 @@ class PacedSimulation:
             )
             self._run_id = self._writer.run_id
         try:
-            sim = Simulator(cfg, sink=self._writer)
+            sim = Simulator(cfg, sink=tee(self._writer, self._tap))
             sim.run_id = self._run_id
             if self._writer is not None:
                 register_nodes(self._writer, sim)

@@ -80,9 +80,8 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def alternating(db: Path) -> dict[str, Any]:
-    res = runner.invoke(
-        app, ["advise", str(db), "--run", "alternating", "--seeds", "2", "--window", "10", "--json"]
-    )
+    args = ["advise", str(db), "--run", "alternating", "--seeds", "2", "--window", "10"]
+    res = runner.invoke(app, [*args, "--twin", "twin-alternating", "--json"])
     assert res.exit_code == 0, res.output
     doc: dict[str, Any] = json.loads(res.stdout)
     return doc
@@ -149,8 +148,9 @@ def test_the_twin_error_widens_the_intervals(alternating: dict[str, Any]) -> Non
         m = s["metrics"]["e2e_mean_s"]
         v = np.array(m["seeds"])
         half = stats.t.ppf(0.975, 1) * v.std(ddof=1) / np.sqrt(2)
+        # a twin stored without an interval: its error both ways, real = sim / (1 + error)
         assert m["ci95"] == pytest.approx(
-            [(v.mean() - half) * (1 - e), (v.mean() + half) * (1 + e)]
+            [(v.mean() - half) / (1 + e), (v.mean() + half) / (1 - e)]
         )
 
 

@@ -55,10 +55,17 @@ def test_recorded_settings_capacity_and_requests(setup: tuple[Path, Path]) -> No
 
 def test_profile_and_run_must_agree(setup: tuple[Path, Path], tmp_path: Path) -> None:
     db, prof = setup
+    # the Llama profile for the Qwen run: refused for the model before anything else
+    with pytest.raises(ConfigError, match=r"run served Qwen/Qwen3-32B, profile is for Llama"):
+        load_engine_inputs(db, "qwen", prof)
+    qwen = tmp_path / "qwen_tp1.json"
+    shape = ModelShape.load(FIXTURES / "models/Qwen/Qwen3-32B.json")
+    p = build_profile(FIXTURES / "profiles/llmservingsim_rtxpro6000_qwen3_32b", shape)
+    qwen.write_text(json.dumps(p.to_json()))
     with pytest.raises(
         ConfigError, match=r"prices TP 1; run 'qwen' ran TP 2 \(import the profile with --tp 2\)"
     ):
-        load_engine_inputs(db, "qwen", prof)
+        load_engine_inputs(db, "qwen", qwen)
     fit = tmp_path / "fit.json"
     fit.write_text(
         json.dumps({"nodes": [{"prefill": {"coef": [1, 1, 1, 1]}, "decode": {"coef": [1, 1, 1]}}]})

@@ -65,7 +65,7 @@ def test_isolated_requests_take_the_pricers_prefill_and_decode_times(
 ) -> None:
     db = tmp_path / "s.duckdb"
     _synthetic(db, profile, requests=[(0.0, 1000, 50), (10.0, 300, 200), (20.0, 2000, 2)])
-    res = run_twin(db, "synthetic", profile)
+    res = run_twin(db, "synthetic", profile, interval=False)
     for name, m in res.metrics.items():
         assert m.error == pytest.approx(0.0, abs=1e-9), name
         assert m.ci95[0] <= 1e-9 and m.ci95[1] >= -1e-9
@@ -76,13 +76,13 @@ def test_isolated_requests_take_the_pricers_prefill_and_decode_times(
     sim = serving_metrics(db, "twin-synthetic")
     assert sim.stats["e2e"]["mean"] == pytest.approx(res.metrics["e2e_mean_s"].sim)
     assert open_reader(db).runs().filter(source="twin").height == 1
-    assert run_twin(db, "synthetic", profile).twin_run_id == "twin-synthetic-2"
+    assert run_twin(db, "synthetic", profile, interval=False).twin_run_id == "twin-synthetic-2"
 
 
 def test_a_prompt_over_the_budget_is_chunked(profile: Path, tmp_path: Path) -> None:
     db = tmp_path / "s.duckdb"
     _synthetic(db, profile, requests=[(0.0, 3000, 2)])
-    res = run_twin(db, "synthetic", profile, store=False)
+    res = run_twin(db, "synthetic", profile, store=False, interval=False)
     chunked = res.inputs.pricer.prefill_time(2048, 0) + res.inputs.pricer.prefill_time(952, 2048)
     assert res.metrics["ttft_mean_s"].sim == pytest.approx(chunked)
     assert res.twin_run_id is None
@@ -111,8 +111,10 @@ def test_cli_replays_a_real_vllm_run_within_five_percent(real_db: Path, profile:
     for stat in ("mean", "p50", "p90", "p99"):
         for metric in ("ttft", "tpot", "e2e"):
             v = m[f"{metric}_{stat}_s"]
-            assert set(v) == {"real", "sim", "error", "ci95"}
+            assert {"real", "sim", "error", "ci95", "ci95_requests", "covered"} <= set(v)
             assert v["ci95"][0] <= v["ci95"][1]
+            # the model's error widens the bootstrap's interval, never narrows it
+            assert v["ci95"][0] <= v["ci95_requests"][0] and v["ci95"][1] >= v["ci95_requests"][1]
     assert m["ttft_mean_s"]["real"] == pytest.approx(65.4566, rel=1e-4)  # LLMServingSim's table
     # the goal is 5% (E2E, TPOT) and 10% (TTFT); the twin does better than that
     assert abs(m["e2e_mean_s"]["error"]) <= 0.03 and abs(m["tpot_mean_s"]["error"]) <= 0.03
@@ -126,7 +128,14 @@ def test_cli_replays_a_real_vllm_run_within_five_percent(real_db: Path, profile:
 
 
 def test_cli_errors_are_clear(real_db: Path, profile: Path, tmp_path: Path) -> None:
-    tp = runner.invoke(app, ["twin", str(real_db), "--run", "qwen", "--profile", str(profile)])
+    qwen = tmp_path / "qwen_tp1.json"
+    shape = ModelShape.load(FIXTURES / "models/Qwen/Qwen3-32B.json")
+    qwen.write_text(
+        json.dumps(
+            build_profile(FIXTURES / "profiles/llmservingsim_rtxpro6000_qwen3_32b", shape).to_json()
+        )
+    )
+    tp = runner.invoke(app, ["twin", str(real_db), "--run", "qwen", "--profile", str(qwen)])
     assert tp.exit_code == 2 and "prices TP 1; run 'qwen' ran TP 2" in tp.output
     missing = runner.invoke(app, ["twin", str(real_db), "--run", "nope", "--profile", str(profile)])
     assert missing.exit_code == 2 and "nope" in missing.output
@@ -162,7 +171,7 @@ def test_what_if_changes_only_what_the_settings_change(profile: Path, tmp_path: 
 
     db = tmp_path / "s.duckdb"
     _synthetic(db, profile, requests=[(0.0, 1000, 50), (10.0, 300, 200), (20.0, 2000, 2)])
-    base = run_twin(db, "synthetic", profile, store=False)
+    base = run_twin(db, "synthetic", profile, store=False, interval=False)
     # requests that never overlap: one sequence at a time changes nothing
     same = what_if(base, parse_changes(["max_num_seqs=1"]))
     for m in same.metrics.values():
@@ -179,7 +188,16 @@ def test_what_if_changes_only_what_the_settings_change(profile: Path, tmp_path: 
 
 
 def test_cli_what_if_more_kv_means_fewer_preemptions(real_db: Path, profile: Path) -> None:
-    args = ["twin", str(real_db), "--run", "llama", "--profile", str(profile), "--no-store"]
+    args = [
+        "twin",
+        str(real_db),
+        "--run",
+        "llama",
+        "--profile",
+        str(profile),
+        "--no-store",
+        "--no-interval",
+    ]
     res = runner.invoke(app, [*args, "--what-if", "num_gpu_blocks=10352", "--json"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
@@ -199,7 +217,7 @@ def test_twin_figures_and_report(profile: Path, tmp_path: Path) -> None:
 
     db = tmp_path / "s.duckdb"
     _synthetic(db, profile, requests=[(0.0, 1000, 50), (10.0, 300, 200), (20.0, 2000, 2)])
-    twin_id = run_twin(db, "synthetic", profile).twin_run_id
+    twin_id = run_twin(db, "synthetic", profile, interval=False).twin_run_id
     cdf = twin_cdf(db, twin_id)
     assert {(t.meta["metric"], t.meta["kind"]) for t in cdf.data} == {
         (m, k) for m in ("ttft", "tpot", "e2e") for k in ("real", "sim")
@@ -238,7 +256,7 @@ def test_an_moe_run_with_dp_and_ep_replays_on_ranks_in_step(tmp_path: Path) -> N
         )  # fmt: skip
     db = tmp_path / "moe.duckdb"
     write_runs(db, [run])
-    res = run_twin(db, "moe", prof)
+    res = run_twin(db, "moe", prof, interval=False)
     par = res.inputs.pricer.parallel
     assert (par.dp, par.ep) == (2, 2)
     # in step: both ranks iterate together, so they end their iterations at the same times
@@ -266,7 +284,7 @@ def test_what_if_a_pd_split_replays_on_the_cluster_simulator(profile: Path, tmp_
 
     db = tmp_path / "s.duckdb"
     _synthetic(db, profile, requests=[(0.0, 1000, 50), (10.0, 300, 200), (20.0, 2000, 2)])
-    base = run_twin(db, "synthetic", profile, store=False)
+    base = run_twin(db, "synthetic", profile, store=False, interval=False)
     split = pd_what_if(base, profile, parse_changes(["split=1P1D"]), samples=100)
     assert split.changes == {"split": "1P1D"} and split.kv_blocks == 1000
     # Requests that never overlap: the split moves each decode to the other node. Prefill
@@ -297,7 +315,7 @@ def test_the_pd_baseline_runs_mixed_iterations_as_the_engine_model_does(
 
     db = tmp_path / "s.duckdb"
     _synthetic(db, profile, requests=[(0.03 * i, 1200 + 40 * i, 80) for i in range(10)])
-    base = run_twin(db, "synthetic", profile, store=False)
+    base = run_twin(db, "synthetic", profile, store=False, interval=False)
     split = pd_what_if(base, profile, {"split": "1P1D"}, samples=100)
     for name in ("ttft_mean_s", "tpot_mean_s", "e2e_mean_s"):
         engine_model, cluster_sim = base.metrics[name].sim, split.metrics[name].baseline_sim
@@ -313,14 +331,23 @@ def test_the_pd_baseline_tracks_a_saturated_real_run(real_db: Path, profile: Pat
     capacity)."""
     from toolkit.twin_pd import pd_what_if
 
-    base = run_twin(real_db, "llama", profile, store=False)
+    base = run_twin(real_db, "llama", profile, store=False, interval=False)
     split = pd_what_if(base, profile, {"split": "2P2D"}, samples=100)
     for name in ("ttft_mean_s", "tpot_mean_s", "e2e_mean_s"):
         m = split.metrics[name]
         assert abs(m.baseline_sim / m.real - 1) <= 0.025, (name, m.baseline_sim, m.real)
     assert split.preemptions > 0
     # the CLI states that error under the what-if's table
-    args = ["twin", str(real_db), "--run", "llama", "--profile", str(profile), "--no-store"]
+    args = [
+        "twin",
+        str(real_db),
+        "--run",
+        "llama",
+        "--profile",
+        str(profile),
+        "--no-store",
+        "--no-interval",
+    ]
     res = runner.invoke(app, [*args, "--what-if", "split=2P2D"])
     assert res.exit_code == 0, res.output
     line = " ".join(ln for ln in res.stdout.splitlines() if "baseline (" in ln or "_mean_s" in ln)

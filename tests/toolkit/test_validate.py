@@ -67,8 +67,11 @@ def test_json_has_the_interface_shape_for_every_real_run(db: tuple[Path, Path]) 
         0.0056, abs=1e-3
     )
     assert ttft["error"] == pytest.approx(ttft["twin"] / ttft["real"] - 1)
-    for metric in ("tpot_mean_s", "e2e_mean_s", "throughput_tok_s", "span_s"):
-        assert ("rtx4090", metric) in by
+    for metric in ("ttft_mean_s", "tpot_mean_s", "e2e_mean_s", "throughput_tok_s", "span_s"):
+        # the twin's combined interval: request resampling and the model's error, covering
+        r = by[("rtx4090", metric)]
+        assert r["covered"] and r["known"] and 0 < r["half_width"] < 0.05, metric
+        assert {"requests", "profile", "cpu_overhead", "cuda_graph_saving_s"} <= set(r["sources"])
 
 
 def test_prefix_caching_follows_the_real_run(db: tuple[Path, Path]) -> None:
@@ -101,7 +104,7 @@ def test_bad_requests_are_one_line_errors(db: tuple[Path, Path], tmp_path: Path)
             ["validate", str(db[0]), "--profile", f"other={db[1]}"],
             "--profile for other: no such real run",
         ),
-        (["validate", "silicon", "x.csv"], "`pdlab validate silicon` is not available yet"),
+        (["validate", "silicon", "x.csv"], "silicon CSV 'x.csv' does not exist"),
         (["validate", str(db[0]), "extra"], "unexpected argument(s) extra"),
     ):
         res = runner.invoke(app, args)

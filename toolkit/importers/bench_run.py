@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from telemetry import TelemetryError, live, store
+from telemetry.catalog import delete_run_rows
 from telemetry.validate import check_new_nodes, validate_batch
 
 REQUEST_COLUMNS = (
@@ -97,8 +98,15 @@ class BenchRun:
         return out
 
 
-def write_runs(db_path: str | Path, runs: Sequence[BenchRun]) -> list[str]:
-    """Insert the runs in one transaction; returns their ids. Nothing is written on error."""
+def write_runs(
+    db_path: str | Path, runs: Sequence[BenchRun], *, replace: bool = False
+) -> list[str]:
+    """Insert the runs in one transaction; returns their ids. Nothing is written on error.
+
+    With `replace`, a run id the database already has is deleted first, in the same
+    transaction (telemetry.catalog.delete_run_rows: every table's rows of that run), so a
+    failed import still leaves the old run in place.
+    """
     ids = [r.run_id for r in runs]
     dup = sorted({i for i in ids if ids.count(i) > 1})
     if dup:
@@ -109,15 +117,33 @@ def write_runs(db_path: str | Path, runs: Sequence[BenchRun]) -> list[str]:
     db = Path(db_path)
     with store.transaction(db, what=f"import run(s) {', '.join(ids)}") as con:
         for rid in ids:
-            if store.run_exists(con, db, rid) or live.run_dir(db, rid).exists():
+            if live.run_dir(db, rid).exists():
                 raise TelemetryError(
-                    f"run {rid!r} already exists in {db}; import it under another id (--run-id)"
+                    f"run {rid!r} is a live run in {db} (its segments are still being "
+                    "written or were never recovered: `pdlab recover`); import under another id"
                 )
+            if store.run_exists(con, db, rid) or _has_rows(con, rid):
+                if not replace:
+                    raise TelemetryError(
+                        f"run {rid!r} already exists in {db}; import it under another id "
+                        "(--run-id) or replace it (--replace)"
+                    )
+                delete_run_rows(con, rid)
         for b in batches:
             for table, rows in b.items():
                 if rows.num_rows:
                     store.insert(con, table, rows)
     return ids
+
+
+def _has_rows(con: Any, run_id: str) -> bool:
+    """Whether any table holds rows of `run_id` (a run without a runs row counts)."""
+    existing = store.table_columns(con)
+    return any(
+        con.execute(f"SELECT 1 FROM {t} WHERE run_id = ? LIMIT 1", [run_id]).fetchall()
+        for t in ("requests", "nodes")
+        if t in existing
+    )
 
 
 def _json_safe(value: Any) -> Any:

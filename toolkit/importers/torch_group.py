@@ -13,8 +13,11 @@ one run of the SPEC §3 tables, as `pdlab twin` reads a vLLM run:
   sync interval, load-balancing rule, all-to-all backend), and `interconnect` when the
   caller measured one (`link_gbps`, `link_latency_s`, `source`);
 - `nodes`: one per DP rank; `requests`: prefill_node = decode_node = the rank that served
-  it; t_arrival when the rank's scheduler took it in (an engine's queue time, as vLLM's
-  `queued_ts`), t_sent the front end's arrival; time 0 is the first such arrival;
+  it; t_arrival when it reached the rank's engine (its HTTP server handed it to the
+  scheduler, as a request reaches vLLM's engine core: the loop takes it in at the next
+  pass boundary, which the twin replays), or, in logs written before ranks logged that,
+  when the scheduler took it in (config "arrival_anchor" says which); t_sent the front
+  end's arrival; time 0 is the first such arrival;
 - `prefill_iterations`, `decode_iterations` (per rank), `dp_passes` (dummy passes too) and
   `moe_layer_loads`.
 Requests that did not finish (aborted) are left out and named in the config's
@@ -70,8 +73,8 @@ def engine_settings(group: dict[str, Any]) -> EngineSettings:
         enable_chunked_prefill=True, mixed_prefill_decode=False, enable_prefix_caching=True,
         max_model_len=int(m["max_context_tokens"]), kv_cache_dtype=str(e["dtype"]),
         async_scheduling=False, reserve_full_prompt=True, scheduling_policy="fcfs",
-        hardware=f"{e['device']} ({group.get('cpu_count')} cores, "
-        f"{e['num_threads']} torch thread(s) per rank)",
+        hardware=f"{e['device']}, {e['num_threads']} torch thread(s) per rank "
+        f"({group.get('cpu_count')} cores)",
         engine_version="0.5.23-pdlab-torch",
     )  # fmt: skip
 
@@ -93,12 +96,16 @@ def read_group_run(
     done = [r for r in reqs if r["finish"] in ("length", "stop") and r["t_first_token"]]
     failed = sorted(r["rid"] for r in reqs if r not in done)
     sent = [assigns[r["rid"]]["t_arrival"] for r in done if r["rid"] in assigns]
-    t0 = min([r["t_queued"] for r in done] + sent) if done else 0.0
+    engine_arrival = all("t_arrival" in r for r in done)
+    arrive = "t_arrival" if engine_arrival else "t_queued"
+    t0 = min([r[arrive] for r in done] + sent) if done else 0.0
     model = ModelConfig(**group["engine"]["model"])
     shape = ModelShape.from_hf_config(model.hf_config(), source=model.name)
     config = {
         "engine": engine_settings(group).to_json(), "model_shape": shape.to_json(),
         "arrivals": "recorded", "source_dir": str(d), "failed_request_ids": failed,
+        "arrival_anchor": "engine: the rank's HTTP server handed it to the scheduler"
+        if engine_arrival else "scheduler intake (at a pass boundary; older logs)",
         "dp_group": {k: group[k] for k in ("dp", "ep", "tp", "sync_interval",
                                            "stats_interval_s", "load_balance", "all_to_all",
                                            "cpu_count", "load_avg")},
@@ -120,7 +127,7 @@ def read_group_run(
         a = assigns.get(r["rid"])
         bench.add_request(
             request_id=r["rid"], program_id=r["rid"], branch_id=r["rid"],
-            t_arrival=r["t_queued"] - t0, prefill_node=r["rank"], decode_node=r["rank"],
+            t_arrival=r[arrive] - t0, prefill_node=r["rank"], decode_node=r["rank"],
             t_in=r["t_in"], t_c=r["t_c"], t_fetch=0, t_out=r["t_out"],
             t_prefill_start=r["t_prefill_start"] - t0, t_first_token=r["t_first_token"] - t0,
             t_done=r["t_done"] - t0, t_sent=None if a is None else a["t_arrival"] - t0,

@@ -31,7 +31,10 @@ scope 'cluster'; toolkit.importers.bench_series), which `pdlab report` draws.
 An optional `cluster_config.json` (LLMServingSim's description of the machine the run
 used) adds the interconnect between an engine's GPUs, `link_bw` (GB/s) and `link_latency`
 (ns), to the config's "interconnect" (what TP/EP collectives cost: the twin prices them
-with it), and the GPU memory (`npu_mem.mem_size`, GiB) when meta.json has none.
+with it), and the GPU memory (`npu_mem.mem_size`, GiB: a nominal size) and GPU name
+(`hardware`) when meta.json has none. `gpu_memory_source` says whether the memory is the
+device's own total ("device") or a nominal figure (the twin's KV estimate carries the
+difference).
 """
 
 from __future__ import annotations
@@ -50,6 +53,13 @@ from toolkit.importers.fields import Fields, ImportFileError, load_json
 SAME_CLOCK_S = 100_000.0  # two timestamps within ~a day are on one clock (bench validate.py)
 ORDER_SLACK_S = 1e-6
 TIMESTAMPS = ("queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts")
+
+
+def _eager(meta: Fields) -> bool | None:
+    """vLLM's enforce_eager (no CUDA graphs), None when meta.json does not say."""
+    res = meta.sub("resolved_config")
+    model_cfg = res.sub("model_config") if res else None
+    return model_cfg.boolean("enforce_eager") if model_cfg else None
 
 
 def _engine(meta: Fields) -> tuple[EngineSettings, bool]:
@@ -140,10 +150,10 @@ def _engine(meta: Fields) -> tuple[EngineSettings, bool]:
     return settings, is_moe
 
 
-def _cluster(path: Path) -> tuple[dict[str, Any] | None, float | None]:
-    """(interconnect, GPU GiB) of an optional cluster description (module docstring)."""
+def _cluster(path: Path) -> tuple[dict[str, Any] | None, float | None, str | None]:
+    """(interconnect, GPU GiB, GPU name) of an optional cluster description (module doc)."""
     if not path.exists():
-        return None, None
+        return None, None, None
     doc, text = load_json(path)
     top = Fields(doc, path, None, text)
     bw, lat = top.number("link_bw"), top.number("link_latency")
@@ -158,7 +168,7 @@ def _cluster(path: Path) -> tuple[dict[str, Any] | None, float | None]:
             "link_latency_s": None if lat is None else lat * 1e-9,
             "source": path.name,
         }
-    gib = None
+    gib = gpu = None
     nodes = top.array("nodes")
     inst = nodes[0].get("instances") if nodes and isinstance(nodes[0], dict) else None
     if isinstance(inst, list) and inst and isinstance(inst[0], dict):
@@ -166,7 +176,9 @@ def _cluster(path: Path) -> tuple[dict[str, Any] | None, float | None]:
         size = mem.get("mem_size") if isinstance(mem, dict) else None
         if isinstance(size, int | float) and not isinstance(size, bool) and size > 0:
             gib = float(size)
-    return link, gib
+        hw = inst[0].get("hardware")
+        gpu = hw.strip() if isinstance(hw, str) and hw.strip() else None
+    return link, gib, gpu
 
 
 def _peer_means(path: Path) -> dict[str, list[Any]] | None:
@@ -281,9 +293,13 @@ def read_vllm_bench(
         raise meta.fail(
             "resolved_config.parallel_config.is_moe_model", "the model is MoE: pass --model-config"
         )
-    interconnect, gpu_gib = _cluster(d / "cluster_config.json")
+    interconnect, gpu_gib, gpu_name = _cluster(d / "cluster_config.json")
+    memory_source = "device" if settings.gpu_memory_bytes is not None else None
     if settings.gpu_memory_bytes is None and gpu_gib is not None:
         settings = settings.with_overrides(gpu_memory_bytes=int(gpu_gib * GIB))
+        memory_source = "nominal (cluster_config.json)"
+    if settings.hardware is None and gpu_name is not None:
+        settings = settings.with_overrides(hardware=gpu_name)
     rows, failed = _requests(d / "requests.jsonl", settings.data_parallel_size)
     # One clock for the anchor of every request (module docstring).
     on_engine = all(
@@ -344,6 +360,8 @@ def read_vllm_bench(
         else settings.num_gpu_blocks * settings.block_size,
         "model_shape": shape.to_json() if shape else None,
         "interconnect": interconnect,
+        "gpu_memory_source": memory_source,
+        "enforce_eager": _eager(meta),  # None: not recorded (the twin ranges CUDA graphs)
         "arrivals": "recorded",
         # without a dp_rank per request every request is stored on rank 0: not its rank
         "dp_ranks": "recorded" if any(r["dp_rank_recorded"] for r in rows) else "not recorded",

@@ -22,6 +22,13 @@ REAL, SIM = "#1f77b4", "#ff7f0e"
 NAMES = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E"}
 
 
+def _note(data: TwinPairs) -> str:
+    note = f"replay of run {data.real_run_id}"
+    if data.forced:
+        note += "; FORCED: replayed on a profile of another model or GPU"
+    return note
+
+
 def twin_cdf(db: Source, run_id: str | None = None) -> go.Figure:
     """Empirical CDFs of TTFT, TPOT and E2E: the real run and its twin."""
     with open_run(db, run_id) as run:
@@ -55,7 +62,7 @@ def draw_twin_cdf(data: TwinPairs) -> go.Figure:
             )
         fig.update_xaxes(title_text=f"{NAMES[metric]} (s)", row=1, col=col)
     fig.update_yaxes(title_text="share of requests", tickformat=".0%", row=1, col=1)
-    return style(fig, CDF_TITLE, data.run_id, note=f"replay of run {data.real_run_id}")
+    return style(fig, CDF_TITLE, data.run_id, note=_note(data))
 
 
 def twin_scatter(db: Source, run_id: str | None = None) -> go.Figure:
@@ -101,4 +108,4 @@ def draw_twin_scatter(data: TwinPairs) -> go.Figure:
         )
         fig.update_xaxes(title_text=f"real {NAMES[metric]} (s)", row=1, col=col)
         fig.update_yaxes(title_text=f"twin {NAMES[metric]} (s)", row=1, col=col)
-    return style(fig, SCATTER_TITLE, data.run_id, note=f"replay of run {data.real_run_id}")
+    return style(fig, SCATTER_TITLE, data.run_id, note=_note(data))

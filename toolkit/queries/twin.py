@@ -29,10 +29,12 @@ class TwinPairs(NamedTuple):
     real_run_id: str | None
     pairs: pl.DataFrame
     missing: str | None
+    forced: bool = False  # made with `pdlab twin --force` (a profile of another model/GPU)
 
 
 def twin_pairs(run: Run) -> TwinPairs:
-    real = run.config().get("twin_of")
+    config = run.config()
+    real = config.get("twin_of")
     if not isinstance(real, str):
         return TwinPairs(
             run.run_id, None, pl.DataFrame(), "no twin: this run was not written by `pdlab twin`"
@@ -48,4 +50,4 @@ def twin_pairs(run: Run) -> TwinPairs:
         [real, run.run_id],
     )
     missing = None if df.height else f"no requests shared with run {real!r}"
-    return TwinPairs(run.run_id, real, df, missing)
+    return TwinPairs(run.run_id, real, df, missing, bool(config.get("forced", False)))

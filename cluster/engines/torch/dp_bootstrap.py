@@ -50,12 +50,14 @@ class RoomRanks:
 
 
 def group_bootstrap_app(
-    rooms: RoomRanks, rank_bootstrap_urls: list[str], *, page_size: int, http_port: int
-) -> FastAPI:
-    """SGLang's bootstrap routes plus the KV fetch, relayed to the room's rank."""
+    rooms: RoomRanks, rank_bootstrap_urls: list[str], *, page_size: int, http_port: int,
+    token: str | None = None,
+) -> FastAPI:  # fmt: skip
+    """SGLang's bootstrap routes plus the KV fetch, relayed to the room's rank; its
+    registrations need the group's `token` (`shell.bootstrap.bootstrap_app`)."""
     app = shell.bootstrap_app(
         title="pdlab torch engine group bootstrap server", page_size=page_size,
-        http_port=http_port,
+        http_port=http_port, token=token,
     )  # fmt: skip
     client = httpx.Client()
 

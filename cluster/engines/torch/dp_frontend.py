@@ -8,11 +8,19 @@ one node:
   balancer picks (`dp_coordinator.Balancer`, vLLM's least-loaded rule), with a request id
   (`rid`, SGLang's field) set when the client gave none, and is relayed as it comes
   (SSE streams unchanged); the answer carries `X-data-parallel-rank`;
-- /server_info is rank 0's with `dp_size`, `ep_size` and one `internal_states` entry per
-  rank (as SGLang lists its DP ranks); /model_info and /v1/tokenize are rank 0's;
-- /health, /health_generate, /flush_cache, /kv_eviction (POST) and /pd_role_switch go to
-  every rank (success only if every rank succeeds);
+- /server_info is rank 0's with `dp_size`, `ep_size`, one `internal_states` entry per
+  rank (as SGLang lists its DP ranks) and every rank's publishers: the `kv_events`
+  descriptor as SGLang's with DP (rank r publishes on port base + r, `dp_size` ranks; the
+  group binds them so) and `forward_pass_metrics_endpoints`, one per rank;
+  /model_info, GET /kv_eviction and /v1/tokenize are rank 0's;
+- /health, /health_generate and the mutations POST /flush_cache, /kv_eviction and
+  /pd_role_switch go to every rank (success only if every rank succeeds);
 - GET /pdlab/dp_state: the coordinator's counts and waves, and the ranks' URLs.
+
+It takes the same door as a single engine (`shell.guard`): bodies of at most
+`max_body_bytes` (413), mutations POST only, JSON only (415) and with the engine token
+(401) when the group has one; the ranks hold the same token and the front end sends it
+on when it relays a mutation.
 
 In a PD role the group's bootstrap server (`dp_bootstrap`) relays KV fetches to the rank
 that prefilled each room; /server_info names its port.
@@ -35,6 +43,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
+from cluster.engines.shell.guard import guard_app, mutation_route
 from cluster.engines.torch.dp_bootstrap import RoomRanks
 from cluster.engines.torch.dp_coordinator import Balancer, Coordinator
 
@@ -64,9 +73,14 @@ def create_frontend_app(
     flog: FrontendLog,
     rooms: RoomRanks | None = None,
     info_overrides: dict[str, Any] | None = None,
+    *,
+    token: str | None = None,
+    max_body_bytes: int,
 ) -> FastAPI:
-    app = FastAPI(title="pdlab torch engine group")
+    app = guard_app(FastAPI(title="pdlab torch engine group"), token=token,
+                    max_body_bytes=max_body_bytes)  # fmt: skip
     state: dict[str, httpx.AsyncClient] = {}
+    auth = {} if token is None else {"authorization": f"Bearer {token}"}
 
     def client() -> httpx.AsyncClient:
         c = state.get("client")
@@ -75,8 +89,11 @@ def create_frontend_app(
             c = state["client"] = httpx.AsyncClient(timeout=None, limits=limits)
         return c
 
-    async def each(method: str, path: str, body: Any = None) -> list[httpx.Response]:
-        calls = [client().request(method, u + path, json=body, timeout=600.0) for u in rank_urls]
+    async def each(
+        method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
+    ) -> list[httpx.Response]:
+        calls = [client().request(method, u + path, json=body, headers=headers, timeout=600.0)
+                 for u in rank_urls]  # fmt: skip
         return list(await asyncio.gather(*calls))
 
     def first_failure(answers: list[httpx.Response]) -> Response:
@@ -103,6 +120,7 @@ def create_frontend_app(
         info["internal_states"] = [s for i in infos for s in i.get("internal_states", [])]
         info |= {"dp_size": len(rank_urls), "ep_size": infos[0].get("ep_size", 1),
                  "dp_rank_urls": rank_urls, "load_balance_method": "vllm-least-loaded"}  # fmt: skip
+        info |= publishers(infos)
         info.pop("dp_rank", None)
         info |= info_overrides or {}
         return JSONResponse(info)
@@ -124,8 +142,12 @@ def create_frontend_app(
         app.post(path)(from_rank0)
 
     async def broadcast(request: Request) -> Response:
-        body = await request.body()
-        answers = await each(request.method, request.url.path, json.loads(body) if body else None)
+        raw = await request.body()
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            return JSONResponse({"detail": "the body must be JSON"}, status_code=400)
+        answers = await each(request.method, request.url.path, body, auth)
         if all(a.status_code < 400 for a in answers):
             ctype = answers[0].headers.get("content-type", "application/json")
             return Response(
@@ -133,9 +155,8 @@ def create_frontend_app(
             )
         return first_failure(answers)
 
-    app.api_route("/flush_cache", methods=["GET", "POST"])(broadcast)
-    app.post("/kv_eviction")(broadcast)
-    app.post("/pd_role_switch")(broadcast)
+    for path in ("/flush_cache", "/kv_eviction", "/pd_role_switch"):
+        mutation_route(app, path)(broadcast)
 
     @app.get("/pdlab/dp_state")
     async def dp_state() -> dict[str, Any]:
@@ -183,6 +204,29 @@ def create_frontend_app(
     for path in GENERATE_ROUTES:
         app.api_route(path, methods=["POST", "PUT"] if path == "/generate" else ["POST"])(generate)
     return app
+
+
+def publishers(infos: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every rank's KV-event and forward-pass publishers, from the ranks' /server_info in
+    rank order: SGLang's DP descriptor (rank r on port base + r) when the ranks' ports run
+    so, each rank's endpoints (`kv_events_endpoints`, `forward_pass_metrics_endpoints`)."""
+    out: dict[str, Any] = {}
+    kv = [i.get("kv_events") for i in infos]
+    if all(isinstance(k, dict) for k in kv):
+        first = dict(kv[0])  # type: ignore[arg-type]
+        base = int(first["endpoint_port_base"])
+        runs = all(int(k["endpoint_port_base"]) == base + r for r, k in enumerate(kv))  # type: ignore[index]
+        if runs:
+            first["dp_size"] = len(infos)
+        out["kv_events"] = first
+        out["kv_events_endpoints"] = [
+            f"tcp://{k['endpoint_host']}:{k['endpoint_port_base']}"  # type: ignore[index]
+            for k in kv
+        ]
+    fpm = [i.get("forward_pass_metrics_endpoint") for i in infos]
+    if any(fpm):
+        out["forward_pass_metrics_endpoints"] = fpm
+    return out
 
 
 def _rank(asked: object, n: int) -> int | None:

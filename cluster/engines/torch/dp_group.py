@@ -7,8 +7,12 @@ and every MoE layer dispatches tokens to the ranks owning their experts (gloo on
 on CUDA), the ranks stepping together (dummy passes included) as vLLM's DP+EP engines do;
 with `ep == 1` the ranks are plain data-parallel replicas. In this process it runs the
 coordinator (`dp_coordinator`) and the HTTP front end (`dp_frontend`) that serves the API
-of a single engine. `stop` ends the front end, then each rank (SIGTERM, SIGKILL after
-`stop_timeout_s`); the ranks also stop when this process is gone.
+of a single engine, behind the same door (`shell.guard`: `token` for the mutating routes,
+held by the ranks too; bodies of at most `max_body_bytes`). Rank r publishes its KV events
+on port base + r (and replays on a second base + r), as SGLang's DP ranks do, so the front
+end's /server_info advertises every rank's publishers. `stop` ends the front end, then
+each rank (SIGTERM, SIGKILL after `stop_timeout_s`); the ranks also stop when this process
+is gone.
 
     group = DPGroup(EngineConfig(model=preset("tiny-moe")), dp=2, ep=2, log_dir="run/")
     url = group.start().http_url
@@ -31,6 +35,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from cluster.core import ConfigError
+from cluster.engines.shell.lifecycle import body_limit
 from cluster.engines.shell.loopback import LoopbackServer
 from cluster.engines.torch.config import EngineConfig
 from cluster.engines.torch.dp_bootstrap import RoomRanks, group_bootstrap_app
@@ -90,6 +95,8 @@ class DPGroup:
         rank_options: dict[str, Any] | None = None,
         start_timeout_s: float = 180.0,
         stop_timeout_s: float = 15.0,
+        token: str | None = None,
+        max_body_bytes: int | None = None,
     ) -> None:
         check_group(config, dp, ep)
         if sync_interval < 1:
@@ -107,6 +114,9 @@ class DPGroup:
                 "enable_pd_role_switch": enable_pd_role_switch,
             }
         self.start_timeout_s, self.stop_timeout_s = start_timeout_s, stop_timeout_s
+        self.token = token
+        self.max_body_bytes = max_body_bytes or body_limit(config.model.max_context_tokens)
+        self.rank_options |= {"token": token, "max_body_bytes": self.max_body_bytes}
         self.balancer = Balancer(dp)
         self.coordinator = Coordinator(self.balancer, host, stats_interval_s)
         self.ranks: list[_Rank] = []
@@ -129,13 +139,17 @@ class DPGroup:
         tmp = Path(self._tmp.name)
         err_dir = self.log_dir or tmp
         err_dir.mkdir(parents=True, exist_ok=True)
+        kv_base = free_port_run(self.host, 2 * self.dp)
+        replay_base = kv_base + self.dp
         for r in range(self.dp):
+            ports = {"kv_events_endpoint": f"tcp://{self.host}:{kv_base + r}",
+                     "kv_replay_endpoint": f"tcp://{self.host}:{replay_base + r}"}  # fmt: skip
             spec = {"engine": asdict(self.config), "dp_rank": r, "dp_size": self.dp,
                     "ep_size": self.ep, "init_file": str(tmp / "rendezvous"),
                     "coordinator": self.coordinator.endpoint, "role": self.role,
                     "host": self.host, "log_dir": None if self.log_dir is None else str(self.log_dir),
                     "sync_interval": self.sync_interval, "parent_pid": os.getpid(),
-                    "options": self.rank_options}  # fmt: skip
+                    "options": ports | self.rank_options}  # fmt: skip
             err = err_dir / f"rank{r}.stderr"
             cmd = [sys.executable, "-m", "cluster.engines.torch.dp_rank", json.dumps(spec)]
             with err.open("w") as f:
@@ -157,13 +171,14 @@ class DPGroup:
         boot = [rk.ready.get("bootstrap_port") for rk in self.ranks]
         overrides: dict[str, Any] = {}  # filled once the ports are bound
         app = create_frontend_app(urls, self.balancer, self.coordinator,
-                                  FrontendLog(self.log_dir), self.rooms, overrides)  # fmt: skip
+                                  FrontendLog(self.log_dir), self.rooms, overrides,
+                                  token=self.token, max_body_bytes=self.max_body_bytes)  # fmt: skip
         self._front = LoopbackServer(app, self.host, self.port, name="DP group front end")
         self.port = overrides["port"] = self._front.port
         if all(boot):
             rank_boot = [f"http://{self.host}:{b}" for b in boot]
             bapp = group_bootstrap_app(self.rooms, rank_boot, page_size=self.config.page_size,
-                                       http_port=self.port)  # fmt: skip
+                                       http_port=self.port, token=self.token)  # fmt: skip
             self._bootstrap = LoopbackServer(bapp, self.host, self.bootstrap_port,
                                              name="DP group bootstrap server")  # fmt: skip
             self.bootstrap_port = overrides["disaggregation_bootstrap_port"] = self._bootstrap.port
@@ -222,6 +237,31 @@ class DPGroup:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def free_port_run(host: str, n: int, tries: int = 50) -> int:
+    """A port p with p .. p + n - 1 free on `host` now (a rank binds p + its rank)."""
+    import socket
+
+    for _ in range(tries):
+        with socket.socket() as probe:
+            probe.bind((host, 0))
+            base = probe.getsockname()[1]
+        if base + n > 65536:
+            continue
+        held: list[socket.socket] = []
+        try:
+            for port in range(base, base + n):
+                sock = socket.socket()
+                held.append(sock)
+                sock.bind((host, port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in held:
+                sock.close()
+    raise RuntimeError(f"no {n} consecutive free ports on {host}")
 
 
 def _read_ready(rank: _Rank) -> None:

@@ -65,6 +65,7 @@ class RankScheduler(Scheduler):
         self._pass_id = 0
         self._iters = {"prefill": 0, "decode": 0, "dummy": 0}
         self._reqs: dict[str, dict[str, Any]] = {}
+        self._arrived: dict[str, float] = {}  # rid -> when `submit` handed it in
 
     # ---- from the coordinator and the HTTP server (any thread) -------------------------------
     def submit(self, req: EngineRequest) -> None:
@@ -72,7 +73,14 @@ class RankScheduler(Scheduler):
             req.on_update([], {"type": "abort", "message": f"DP group is broken: {self.broken}",
                                "status_code": 503})  # fmt: skip
             return
+        with self._cond:  # the engine's arrival (vLLM's request arrival at the engine core)
+            self._arrived[req.rid] = time.monotonic()
         super().submit(req)
+
+    def abort(self, req: EngineRequest) -> None:
+        with self._cond:
+            self._arrived.pop(req.rid, None)
+        super().abort(req)
 
     def start_wave(self, wave: int) -> None:
         """START_DP_WAVE: run wave `wave` unless this rank has finished it already."""
@@ -164,8 +172,8 @@ class RankScheduler(Scheduler):
     def _take_inbox(self) -> None:
         now = time.monotonic()
         for req in self._inbox:
-            self._reqs[req.rid] = {"t_queued": now, "t_prefill_start": None,
-                                   "t_first_token": None}  # fmt: skip
+            self._reqs[req.rid] = {"t_arrival": self._arrived.pop(req.rid, now), "t_queued": now,
+                                   "t_prefill_start": None, "t_first_token": None}  # fmt: skip
         super()._take_inbox()
 
     def _on_pass(

@@ -17,10 +17,13 @@ with the model as a Hugging Face `config.json`:
 - attention.csv: one layer's attention call (KV write and SDPA) for a prefill chunk over
   `kv_prefill` cached tokens or `n_decode` decodes over `kv_decode` each, plus 1/L of the
   pass's layout build (a per-pass cost the grid carries per layer);
-- moe.csv (tokens, activated_experts, time_us): one rank's experts over `tokens` received
-  after dispatch, spread over `activated_experts` of its experts, each token with the
-  number of local slots it has on average under the EP degree (k·(1/e) over the
-  probability 1 − (1 − 1/e)^k that it comes at all);
+- moe.csv (tokens, activated_experts, time_us): one rank's experts running `tokens`·k
+  expert-token pairs over `activated_experts` of its experts — the key the pricer reads
+  (cluster.hardware.pricer: a GPU's MoE block for `tokens` tokens routed top-k), so under
+  EP e the pricer's group/e tokens are the rank's pairs/k. It is measured as the rank runs
+  them: R tokens received after dispatch, each with the local slots it has on average
+  under EP (k·(1/e) over the probability 1 − (1 − 1/e)^k that it comes at all), and keyed
+  R·slots/k (`pair_keyed_moe`; fractional keys under EP);
 - link.json (EP > 1, `measure_link`): one MoE layer's collectives (counts, dispatch,
   combine) between `ep` processes by tokens per rank, fitted as the pricer charges them,
   2·(latency + (e−1)/e·bytes/bandwidth) with bytes = tokens·hidden·dtype of the group.
@@ -85,6 +88,16 @@ def local_slots(k: int, ep: int) -> float:
     if ep == 1:
         return float(k)
     return k / ep / (1.0 - (1.0 - 1.0 / ep) ** k)
+
+
+def pair_keyed_moe(
+    rows: Sequence[tuple[float, int, float]], top_k: int, ep: int
+) -> list[tuple[float, int, float]]:
+    """Rows (R tokens received, experts, us) of one EP rank keyed as the pricer reads
+    moe.csv: (R·slots/k, experts, us), slots = `local_slots(top_k, ep)` (module docstring);
+    unchanged without EP (slots = k)."""
+    f = local_slots(top_k, ep) / top_k
+    return [(float(r) * f, int(e), float(us)) for r, e, us in rows]
 
 
 class _Ops:
@@ -229,14 +242,17 @@ def measure_profile(
         if model.is_moe:
             say("MoE experts")
             per = model.num_experts // ep if ep > 1 else model.num_experts
+            slots = local_slots(model.top_k, ep)
             rows = [(t, e, ops.moe(t, e, reps)) for t in grid.tokens for e in grid.experts
-                    if e <= per and e <= t * model.top_k]  # fmt: skip
-            _write(out / "moe.csv", ("tokens", "activated_experts", "time_us"), rows)
+                    if e <= per and e <= t * slots]  # fmt: skip
+            keyed = [(f"{t:.6g}", e, us) for t, e, us in pair_keyed_moe(rows, model.top_k, ep)]
+            _write(out / "moe.csv", ("tokens", "activated_experts", "time_us"), keyed)
     (out / "config.json").write_text(json.dumps(model.hf_config(), indent=1) + "\n")
     meta = {"model": model.name, "ep": ep, "threads": threads, "reps": reps,
             "cpu_count": os.cpu_count(), "load_avg_before": list(load0),
             "load_avg_after": list(os.getloadavg()), "torch": torch.__version__,
-            "local_slots_per_token": local_slots(model.top_k, ep) if model.is_moe else None}  # fmt: skip
+            "local_slots_per_token": local_slots(model.top_k, ep) if model.is_moe else None,
+            "moe_tokens": "expert-token pairs / top_k (measured by tokens received, re-keyed)"}  # fmt: skip
     (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     return out
 

@@ -14,9 +14,10 @@ directory; every line is one row `{"table": ..., ...}` of
 - `layer`: per pass and MoE layer, `tokens_in` (this rank's tokens), `tokens_received`
   (tokens dispatched to this rank), `experts_activated` (its own experts that ran) and
   `comm_s` (seconds in the layer's collectives, waits for the other ranks included);
-- `request`: per request the rank served — `rid`, `t_queued` (taken in by the
-  scheduler), `t_prefill_start`, `t_first_token`, `t_done`, `t_in`, `t_c`, `t_out`,
-  `finish`;
+- `request`: per request the rank served — `rid`, `t_arrival` (handed to the rank's
+  scheduler by its HTTP server: the engine's arrival, as vLLM's engine core receives a
+  request), `t_queued` (taken in by the scheduler loop, between passes),
+  `t_prefill_start`, `t_first_token`, `t_done`, `t_in`, `t_c`, `t_out`, `finish`;
 - `meta` (first line): the rank, its worker id, and a (wall, monotonic) clock pair.
 
 Rows are buffered and written at most once a second from the scheduler thread, and at stop.

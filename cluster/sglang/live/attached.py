@@ -36,7 +36,7 @@ from cluster.control.engines import CompletedRequest, NodeStatus, RequestListene
 from cluster.control.lock import ContendedRLock
 from cluster.control.planning import SwitchMode
 from cluster.control.state import NodeReport, QueuedWork
-from cluster.core import ConfigError, Phase
+from cluster.core import ConfigError, Phase, TelemetrySink, tee
 from cluster.sglang.live.attached_node import AttachedNode, Delta
 from cluster.sglang.live.fleet_file import FleetConfig, discover, load_fleet_file
 from cluster.sglang.live.online_fit import OnlineFitter
@@ -65,6 +65,7 @@ class AttachedFleet:
         self._db_path = Path(db_path) if db_path is not None else None
         self._run_id = run_id
         self.sink: LockedSink | None = None
+        self._tap: TelemetrySink | None = None  # the server's metrics (set_telemetry_tap)
         self.cp: ControlPlane = None  # type: ignore[assignment]  # set by start()
         self.nodes: dict[int, AttachedNode] = {}
         self.shadow = Shadow()
@@ -122,6 +123,7 @@ class AttachedFleet:
         self.run_start_wall = time.time()
         if self._db_path is not None:
             self.sink = _open_run(self._db_path, self.config, self._run_id, self.run_start_wall)
+        rows = tee(self.sink, self._tap)
         cp_cfg = ControlPlaneConfig(
             block_tokens=self.block_tokens(), router=s.router, planner=s.planner,
             planner_mode="advise", planner_modes=("advise", "off"), window_s=s.window_s,
@@ -129,7 +131,7 @@ class AttachedFleet:
         )  # fmt: skip
         try:
             self.cp = ControlPlane(
-                phases, dict.fromkeys(phases, model), cp_cfg, sink=self.sink, backend=self
+                phases, dict.fromkeys(phases, model), cp_cfg, sink=rows, backend=self
             )
             if collocated:
                 self.cp.start_collocated()
@@ -139,7 +141,7 @@ class AttachedFleet:
             )
             for e in engines:
                 node = AttachedNode(
-                    e, self.lock, self.now, sink=self.sink, run_start_wall=self.run_start_wall,
+                    e, self.lock, self.now, sink=rows, run_start_wall=self.run_start_wall,
                     catch_up=s.catch_up, on_kv_events=self.cp.on_kv_events,
                     on_restart=self.cp.drop_node_blocks, on_pass=self._on_pass,
                 )  # fmt: skip
@@ -192,6 +194,9 @@ class AttachedFleet:
     @property
     def error(self) -> str | None:
         return self._error
+
+    def set_telemetry_tap(self, tap: TelemetrySink) -> None:
+        self._tap = tap
 
     def set_request_listener(self, listener: RequestListener) -> None:
         self._listener = listener

@@ -20,11 +20,10 @@ from typing import Any, NamedTuple
 import httpx
 
 from cluster.control.lock import ContendedRLock
-from cluster.core import KVEvent
+from cluster.core import KVEvent, TelemetrySink
 from cluster.sglang.live.engine_state import RestartAwareKVCollector
 from cluster.sglang.live.fleet_file import AttachedEngine
 from cluster.sglang.live.prom_scrape import EngineLoad, engine_load, parse_metrics
-from cluster.sglang.live.telemetry_run import LockedSink
 from cluster.sglang.wire.fpm import DecodeRow, ForwardPassMetrics, PrefillRow
 from cluster.sglang.wire.fpm_collector import ForwardMetricsCollector
 from cluster.sglang.wire.vllm_step_collector import StepEmitter, VLLMStepCollector
@@ -62,7 +61,7 @@ class AttachedNode:
         lock: ContendedRLock,
         clock: Callable[[], float],
         *,
-        sink: LockedSink | None,
+        sink: TelemetrySink | None,
         run_start_wall: float,
         catch_up: bool,
         on_kv_events: Callable[[list[KVEvent]], None],

@@ -33,7 +33,7 @@ from cluster.control.engines import CompletedRequest, NodeStatus, RequestListene
 from cluster.control.lock import ContendedRLock
 from cluster.control.planning import SwitchMode
 from cluster.control.state import NodeReport
-from cluster.core import ConfigError, Phase
+from cluster.core import ConfigError, Phase, TelemetrySink, tee
 from cluster.sglang.live.cluster_file import ClusterConfig, EngineSpec, load_cluster_config
 from cluster.sglang.live.engine_state import EngineState
 from cluster.sglang.live.fleet import EngineFleet
@@ -74,7 +74,9 @@ class SGLangCluster:
         self.settings = self.config.settings
         self._db_path = Path(db_path) if db_path is not None else None
         self._requested_run_id = run_id
-        self.sink: LockedSink | None = None
+        self.sink: LockedSink | None = None  # the database
+        self._tap: TelemetrySink | None = None
+        self.rows: TelemetrySink | None = None  # what every part writes: database and tap
         self._error: str | None = None
         self.summary: dict[str, Any] | None = None
         self._split_timeline: list[tuple[float, int, int]] = []
@@ -117,6 +119,9 @@ class SGLangCluster:
 
     def set_request_listener(self, listener: RequestListener) -> None:
         self._listener = listener
+
+    def set_telemetry_tap(self, tap: TelemetrySink) -> None:
+        self._tap = tap
 
     def now(self) -> float:
         return max(0.0, time.time() - self.run_start_wall)
@@ -163,6 +168,7 @@ class SGLangCluster:
                 self.run_start_wall,
                 source=self.source,
             )
+        self.rows = tee(self.sink, self._tap)
         cp_cfg = ControlPlaneConfig(
             block_tokens=block_tokens,
             router=s.router,
@@ -176,14 +182,14 @@ class SGLangCluster:
         )
         try:
             self.cp = ControlPlane(
-                phases, {n: model for n in phases}, cp_cfg, sink=self.sink, backend=self
+                phases, {n: model for n in phases}, cp_cfg, sink=self.rows, backend=self
             )
             self.lock = self.cp.lock
             self.fleet = EngineFleet(
                 cfg.engines,
                 self.lock,
                 self.now,
-                sink=self.sink,
+                sink=self.rows,
                 run_start_wall=self.run_start_wall,
                 catch_up=s.catch_up,
                 on_kv_events=self.cp.on_kv_events,
@@ -253,13 +259,7 @@ class SGLangCluster:
             "final_split": "{}P{}D".format(*self.cp.split()),
             "telemetry_rejected": 0 if self.sink is None else self.sink.errors,
             "outages": self.fleet.outages.as_list(),
-            "streams": {
-                n: {
-                    "kv": None if st.kv is None else st.kv.stats.as_dict(),
-                    "fpm": None if st.fpm is None else st.fpm.stats.as_dict(),
-                }
-                for n, st in self.engines.items()
-            },
+            "streams": {n: st.stream_stats() for n, st in self.engines.items()},
         }
 
     def flush_telemetry(self) -> None:
@@ -309,10 +309,10 @@ class SGLangCluster:
                 self.num_completed += 1
                 if self._listener is not None:
                     self._listener(CompletedRequest(rec.t_arrival, rec.t_first_token, rec.t_done))
-            if self.sink is not None:
-                self.sink.emit("requests", rec.row())
+            if self.rows is not None:
+                self.rows.emit("requests", rec.row())
                 if rec.t_done is not None:
-                    self.sink.emit("request_stages", rec.stage_row(self.run_start_wall))
+                    self.rows.emit("request_stages", rec.stage_row(self.run_start_wall))
             if rec.t_done is not None:
                 self.overheads.add_request(rec, self.run_start_wall)
 

@@ -5,7 +5,9 @@ SGLang 0.5.23 advertises its KV event publisher under `/server_info`'s `kv_event
 endpoint_port_base, topic, block_size, dp_size, replay_endpoint_port_base?, ...}; rank r
 listens on port base + r, and a wildcard endpoint_host ("*", "0.0.0.0", "::") must be
 replaced by the worker URL's host. Forward-pass metrics are bound on
-`{forward_pass_metrics_ipc_name}.{dp_rank}` (IPC, same host only). `discover_engine` turns
+`{forward_pass_metrics_ipc_name}.{dp_rank}` (IPC, same host only); pdlab's engines name
+theirs (`forward_pass_metrics_endpoint`; a torch DP group one per rank in
+`forward_pass_metrics_endpoints`). `discover_engine` turns
 that into an `EngineSpec`. `pdlab collect --server` reads one engine; the live control plane
 (`pdlab serve --sglang CLUSTER_FILE`) reads a cluster file: TOML (or JSON) with a `[cluster]`
 table of `ClusterSettings` and one `[[engines]]` table per engine (`EngineSpec` fields; at
@@ -103,6 +105,9 @@ def spec_from_server_info(
     fpm = None
     if info.get("enable_forward_pass_metrics"):
         fpm = info.get("forward_pass_metrics_endpoint")  # the stand-in names it outright
+        ranks = info.get("forward_pass_metrics_endpoints")  # a torch DP group: one per rank
+        if isinstance(ranks, list) and 0 <= dp_rank < len(ranks):
+            fpm = ranks[dp_rank]
         if fpm is None and info.get("forward_pass_metrics_ipc_name"):
             fpm = f"{info['forward_pass_metrics_ipc_name']}.{dp_rank}"
     mode = str(info.get("disaggregation_mode") or "null")

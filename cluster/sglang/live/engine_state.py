@@ -66,3 +66,10 @@ class EngineState:
     kv_host_capacity_tokens: int = 0
     takes_branch_counts: bool = False  # serves /kv_eviction (branch-aware eviction)
     pushed_counts: dict[int, int] = dataclasses.field(default_factory=dict)  # R_b it holds
+
+    def stream_stats(self) -> dict[str, Any]:
+        """The counters of its KV-event and forward-pass streams (None: not collected)."""
+        return {
+            "kv": None if self.kv is None else self.kv.stats.as_dict(),
+            "fpm": None if self.fpm is None else self.fpm.stats.as_dict(),
+        }

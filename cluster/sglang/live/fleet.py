@@ -17,11 +17,10 @@ from typing import Any
 import httpx
 
 from cluster.control.lock import ContendedRLock
-from cluster.core import KVEvent
+from cluster.core import KVEvent, TelemetrySink
 from cluster.sglang.live.cluster_file import EngineSpec
 from cluster.sglang.live.engine_state import EngineState, RestartAwareKVCollector
 from cluster.sglang.live.outages import Outages
-from cluster.sglang.live.telemetry_run import LockedSink
 from cluster.sglang.wire.fpm import DecodeRow, ForwardPassMetrics, PrefillRow
 from cluster.sglang.wire.fpm_collector import ForwardMetricsCollector
 
@@ -40,7 +39,7 @@ class EngineFleet:
         lock: ContendedRLock,
         clock: Callable[[], float],
         *,
-        sink: LockedSink | None,
+        sink: TelemetrySink | None,
         run_start_wall: float,
         catch_up: bool,
         on_kv_events: Callable[[list[KVEvent]], None],

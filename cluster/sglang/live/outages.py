@@ -16,6 +16,7 @@ import logging
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from cluster.core import TelemetrySink
 from cluster.sglang.live.telemetry_run import LockedSink
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ class Outage:
 class Outages:
     """The outages of one run (call with the cluster's lock held)."""
 
-    def __init__(self, sink: LockedSink | None) -> None:
+    def __init__(self, sink: TelemetrySink | None) -> None:
         self.sink = sink
         self.log: list[Outage] = []
 

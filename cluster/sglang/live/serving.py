@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 def add_data_plane(app: Any, cluster: SGLangCluster) -> None:
     """Mount the data plane of `cluster` on a FastAPI `app`: /generate, /v1/completions,
-    /v1/chat/completions, POST /v1/branches/{id}/finish and GET /health.
+    /v1/chat/completions, POST /v1/branches/{id}/finish, GET /health and GET /v1/models.
 
     Data-plane routes need no token, like SGLang's routers. The app's lifespan is extended
     to close the proxy's HTTP clients on shutdown (after the app's own lifespan ends).
@@ -71,8 +71,30 @@ def add_data_plane(app: Any, cluster: SGLangCluster) -> None:
             return not_started()
         return await cluster.proxy.health()
 
+    async def list_models() -> Any:
+        if cluster.proxy is None:
+            return not_started()
+        return models_json(cluster)
+
     app.add_api_route("/v1/branches/{branch_id:path}/finish", finish_branch, methods=["POST"])
     app.add_api_route("/health", data_health, methods=["GET"])
+    app.add_api_route("/v1/models", list_models, methods=["GET"])
+
+
+def models_json(cluster: SGLangCluster) -> dict[str, Any]:
+    """OpenAI's `GET /v1/models` answer: the models the engines serve (their
+    `served_model_name` from /server_info), each once, in node order. Clients (the `openai`
+    SDK, LangChain, benchmark tools) probe it before sending requests."""
+    engines = sorted(cluster.config.engines, key=lambda e: e.node_id)
+    names = dict.fromkeys(e.name for e in engines if e.name)
+    created = int(cluster.run_start_wall)
+    return {
+        "object": "list",
+        "data": [
+            {"id": n, "object": "model", "created": created, "owned_by": "pdlab", "root": n}
+            for n in names
+        ],
+    }
 
 
 class ServerThread:
@@ -121,4 +143,4 @@ class ServerThread:
         self.stop()
 
 
-__all__ = ["ServerThread", "add_data_plane"]
+__all__ = ["ServerThread", "add_data_plane", "models_json"]

@@ -14,7 +14,9 @@ runs vLLM's dummy batch of one token), and the ranks meet in every MoE layer's d
 combine, so each layer lasts as long as its slowest rank: the iteration is
 (L - 1) x the slowest rank's layer + the slowest of (its last layer + what follows it:
 lm_head, sampler, CPU), with the MoE block of every rank priced over the group's tokens on
-the busiest rank (`cluster.hardware.pricer`). When every rank's tokens fit the largest
+the busiest rank (`cluster.hardware.pricer`). A dummy pass is priced as vLLM runs it
+(`_dummy_run` of a one-token decode that samples nothing): no lm_head or sampler
+(`IterationPricer.dummy_cost`). When every rank's tokens fit the largest
 CUDA graph (`cuda_graph_tokens`, vLLM's `coordinate_batch_across_dp`) each rank is padded
 to the largest rank's tokens; otherwise (any rank eager) none is.
 """
@@ -68,15 +70,16 @@ def lockstep_time(
     has no work and runs the dummy batch); see the module docstring."""
     runs = [DUMMY_BATCH if b is None else b for b in batches]
     tokens = [sum(u for u, _ in c) + len(d) for c, d in runs]
-    seqs = [sum(1 for u, _ in c if u > 0) + len(d) for c, d in runs]
+    seqs = [0 if b is None else sum(1 for u, _ in b[0] if u > 0) + len(b[1]) for b in batches]
     widest = max(tokens)
     padded = 0 < widest <= cuda_graph_tokens
     group = float(widest * len(runs) if padded else sum(tokens))
     layers = pricer.shape.num_layers
     per_layer, last = [], []
-    for (chunks, kv), n, s in zip(runs, tokens, seqs, strict=True):
+    for b, (chunks, kv), n, s in zip(batches, runs, tokens, seqs, strict=True):
         n_dense = widest if padded else n
-        cost = pricer.cost(chunks, kv, group, float(n_dense) if padded else None)
+        pad = float(n_dense) if padded else None
+        cost = pricer.dummy_cost(group, pad) if b is None else pricer.cost(chunks, kv, group, pad)
         outside = pricer.outside_layers_time(n_dense, s) + overhead(s)
         layer = (cost.total - pricer.outside_layers_time(n_dense, s)) / layers
         per_layer.append(layer)

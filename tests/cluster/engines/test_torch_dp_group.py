@@ -37,12 +37,15 @@ ROOT = Path(__file__).resolve().parents[3]
 SEED = 3
 SYNC = 8  # steps between the ranks' "all done?" all-reduce (vLLM: 32), short for tests
 CFG = EngineConfig(model=preset("tiny-moe"), seed=SEED, gpu_pages=256, host_pages=0)
+TOKEN = "group-secret"
+BODY_LIMIT = 64 * 1024
 
 
 @pytest.fixture(scope="module")
 def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DPGroup, str, Path]]:
     logs = tmp_path_factory.mktemp("dp-group")
-    g = DPGroup(CFG, 2, 2, log_dir=logs, sync_interval=SYNC)
+    g = DPGroup(CFG, 2, 2, log_dir=logs, sync_interval=SYNC, token=TOKEN,
+                max_body_bytes=BODY_LIMIT)  # fmt: skip
     url = g.start().http_url
     try:
         yield g, url, logs
@@ -152,6 +155,8 @@ def test_every_pass_and_moe_layer_is_logged_and_stored(group, tmp_path: Path) ->
         assert sent <= sum(x["tokens_received"] for x in rows) <= 2 * sent
     reqs = tabs["request"]
     assert {r["rank"] for r in reqs} == {0, 1} and all(r["t_first_token"] for r in reqs)
+    # the engine's arrival comes first, then the loop's intake at a pass boundary
+    assert all(r["t_arrival"] <= r["t_queued"] <= r["t_prefill_start"] for r in reqs)
     db = tmp_path / "run.duckdb"
     write_group_run(db, read_group_run(logs, "ep2"))
     con = duckdb.connect(str(db), read_only=True)
@@ -162,7 +167,11 @@ def test_every_pass_and_moe_layer_is_logged_and_stored(group, tmp_path: Path) ->
     assert q("SELECT count(*) FROM dp_passes WHERE kind = 'dummy' AND iter_id IS NULL")[0][0] > 0
     n_dec = sum(p["kind"] == "decode" for p in tabs["pass"])
     assert q("SELECT count(*) FROM decode_iterations") == [(n_dec,)]
-    engine = json.loads(q("SELECT config FROM runs")[0][0])["engine"]
+    config = json.loads(q("SELECT config FROM runs")[0][0])
+    assert config["arrival_anchor"].startswith("engine")
+    assert q("SELECT count(*) FROM requests WHERE t_arrival > t_prefill_start "
+             "OR t_sent > t_arrival") == [(0,)]  # fmt: skip
+    engine = config["engine"]
     assert (engine["data_parallel_size"], engine["expert_parallel_size"]) == (2, 2)
     assert engine["num_gpu_blocks"] == 256 and engine["mixed_prefill_decode"] is False
     con.close()
@@ -196,6 +205,52 @@ def test_front_end_spreads_concurrent_requests(group) -> None:  # type: ignore[n
     assert state["start_waves_relayed"] >= 1 and len(state["ranks"]) == 2
 
 
+def test_front_end_takes_the_engine_door(group) -> None:  # type: ignore[no-untyped-def]
+    """The group's front end answers as one engine's guard does (shell.guard), and the
+    ranks hold the same token: a mutation relayed with it succeeds on every rank, one sent
+    to a rank's own port without it is refused."""
+    g, url, _logs = group
+    _paused(url)
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    r = httpx.post(url + "/flush_cache", json={})
+    assert r.status_code == 401 and "bearer token" in r.json()["detail"]
+    r = httpx.post(url + "/flush_cache", json={}, headers={"Authorization": "Bearer nope"})
+    assert r.status_code == 401 and r.json()["detail"] == "invalid bearer token"
+    r = httpx.post(url + "/kv_eviction", content=b"policy=lru", headers=bearer)
+    assert r.status_code == 415  # JSON only
+    assert httpx.get(url + "/flush_cache").status_code == 405  # mutations are POST only
+    big = {"input_ids": [1] * (BODY_LIMIT // 2), "sampling_params": {"max_new_tokens": 1}}
+    r = httpx.post(url + "/generate", json=big)
+    assert r.status_code == 413 and str(BODY_LIMIT) in r.json()["detail"]
+    r = httpx.post(url + "/kv_eviction", json={"policy": "lru"}, headers=bearer)
+    assert r.status_code == 200, r.text
+    assert httpx.post(url + "/flush_cache", json={}, headers=bearer).status_code == 200
+    rank_url = g.endpoints.ranks[1]["http_url"]
+    assert httpx.post(rank_url + "/flush_cache", json={}).status_code == 401
+    assert httpx.get(url + "/kv_eviction").json()["policy"] == "lru"  # reads need no token
+
+
+def test_server_info_advertises_every_ranks_publishers(group) -> None:  # type: ignore[no-untyped-def]
+    """/server_info names each rank's KV-event and forward-pass publishers: SGLang's DP
+    descriptor (rank r on port base + r), which the live control plane's discovery reads
+    per rank, as every rank's own /server_info says."""
+    from cluster.sglang.live.cluster_file import spec_from_server_info
+
+    g, url, _logs = group
+    info = httpx.get(url + "/server_info").json()
+    kv = info["kv_events"]
+    assert kv["dp_size"] == 2 and len(info["forward_pass_metrics_endpoints"]) == 2
+    for r, rank in enumerate(g.endpoints.ranks):
+        own = httpx.get(rank["http_url"] + "/server_info").json()
+        spec = spec_from_server_info(info, url, node_id=0, dp_rank=r)
+        port = own["kv_events"]["endpoint_port_base"]
+        assert spec.kv_events is not None and spec.kv_events.endswith(f":{port}")
+        assert port == kv["endpoint_port_base"] + r
+        assert spec.forward_metrics == own["forward_pass_metrics_endpoint"]
+        assert info["kv_events_endpoints"][r].endswith(f":{port}")
+    assert len(set(info["forward_pass_metrics_endpoints"])) == 2
+
+
 def test_bad_rank_is_refused(group) -> None:  # type: ignore[no-untyped-def]
     _g, url, _logs = group
     r = httpx.post(url + "/generate", json={"input_ids": [1, 2]},
@@ -220,10 +275,14 @@ def _front_log(logs: Path) -> list[dict[str, Any]]:
 
 @pytest.mark.slow  # a group of its own
 def test_killed_launcher_leaves_no_rank_behind(tmp_path: Path) -> None:
+    """`pdlab engine --dp 2 --ep 2` takes the token as one engine does ($PDLAB_ENGINE_TOKEN
+    here) for its front end and ranks; a `kill -9` of it leaves no rank behind."""
     cmd = [sys.executable, "-m", "toolkit.cli", "engine", "--dp", "2", "--ep", "2", "--port",
            "0", "--kv-gpu-tokens", "2048", "--kv-host-tokens", "0"]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True)  # fmt: skip
+    env = {**os.environ, "PDLAB_ENGINE_TOKEN": "cli-secret"}
+    with (tmp_path / "stderr").open("w") as err:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True,
+                                env=env)  # fmt: skip
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -231,6 +290,13 @@ def test_killed_launcher_leaves_no_rank_behind(tmp_path: Path) -> None:
         ready = json.loads(line.split("ready:", 1)[1])
         pids = [r["pid"] for r in ready["ranks"]]
         _generate(ready["http_url"], [5, 6, 7], 3)
+        url, body = ready["http_url"], {"policy": "lru"}
+        assert httpx.post(url + "/kv_eviction", json=body).status_code == 401
+        for target in (url, ready["ranks"][0]["http_url"]):
+            r = httpx.post(target + "/kv_eviction", json=body,
+                           headers={"Authorization": "Bearer cli-secret"})  # fmt: skip
+            assert r.status_code == 200, r.text
+        assert "PDLAB_ENGINE_TOKEN" in (tmp_path / "stderr").read_text()
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         deadline = time.monotonic() + 15

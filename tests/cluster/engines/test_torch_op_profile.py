@@ -84,3 +84,27 @@ def test_a_log_directory_without_settings_is_refused(tmp_path: Path) -> None:
 
     with pytest.raises(ImportFileError, match=r"group.json: line 1: missing"):
         read_group_run(tmp_path, "r")
+
+
+def test_moe_rows_are_keyed_by_expert_token_pairs() -> None:
+    """An EP rank's MoE table, measured by the tokens it receives after dispatch, is keyed
+    as the pricer reads moe.csv (pairs / top_k), so a layer of G group tokens over EP 2,
+    priced at G/2 such tokens, costs what the measured row of G·(1 − (1 − 1/2)^k) received
+    tokens does."""
+    import numpy as np
+
+    from cluster.engines.torch.op_profile import pair_keyed_moe
+    from cluster.hardware.pricer import MoeGrid
+
+    k, ep = 2, 2
+    received = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    rows = [(r, e, 50.0 + 3.0 * r * e**0.5 + (r > 32) * 40.0 * (r - 32)) for r in received
+            for e in (1, 4, 8)]  # fmt: skip
+    measured = MoeGrid(np.array(rows, dtype=float))
+    keyed = MoeGrid(np.array(pair_keyed_moe(rows, k, ep), dtype=float))
+    for group in (3.0, 10.0, 40.0, 77.0, 300.0):
+        for experts in (1.0, 2.5, 8.0):
+            got = keyed(group / ep, experts)
+            want = measured(group * (1 - (1 - 1 / ep) ** k), experts)
+            assert got == pytest.approx(want, rel=1e-6), (group, experts)
+    assert pair_keyed_moe(rows, k, 1) == [(float(r), e, us) for r, e, us in rows]

@@ -18,7 +18,7 @@ import pytest
 
 from cluster.control.control_plane import ControlPlane, ControlPlaneConfig
 from cluster.control.engines import CompletedRequest, NodeStatus, RequestListener
-from cluster.core import MemorySink
+from cluster.core import MemorySink, TelemetrySink, tee
 from cluster.server import ControlService, ServiceConfig, create_app
 from cluster.sglang.live.serving import ServerThread
 from models import DecodeModel, NodeModel, PrefillModel
@@ -37,6 +37,7 @@ class ToyCluster:
         self.sink = MemorySink()
         self.cp: ControlPlane | None = None
         self.listener: RequestListener | None = None
+        self.tap: TelemetrySink | None = None
         self.t0 = time.monotonic()
         self.stopped = False
         self.timeline: list[tuple[float, int, int]] = []
@@ -54,10 +55,14 @@ class ToyCluster:
     def set_request_listener(self, listener: RequestListener) -> None:
         self.listener = listener
 
+    def set_telemetry_tap(self, tap: TelemetrySink) -> None:
+        self.tap = tap
+
     def start(self) -> None:
         phases = {0: "prefill", 1: "prefill", 2: "decode", 3: "decode"}
         cfg = ControlPlaneConfig(planner="static", planner_mode="off")
-        self.cp = ControlPlane(phases, dict.fromkeys(phases, NODE), cfg, self.sink, backend=self)  # type: ignore[arg-type]
+        rows = tee(self.sink, self.tap)  # the database's rows, and the server's metrics
+        self.cp = ControlPlane(phases, dict.fromkeys(phases, NODE), cfg, rows, backend=self)  # type: ignore[arg-type]
         self.timeline.append((0.0, 2, 2))
 
     def stop(self) -> dict[str, Any]:
@@ -186,7 +191,14 @@ def test_every_endpoint_answers_from_the_protocol(
         assert http.get("/v1/branches").json() == {"active": 0, "branch_ids": []}
         assert http.get("/v1/branches/x").status_code == 404
         assert http.get("/v1/directory/stats").json()["block_tokens"] == 256
-        assert "pdlab_requests_completed_total 3.0" in http.get("/metrics").text
+        metrics = http.get("/metrics").text
+        assert "pdlab_requests_completed_total 3.0" in metrics
+        # The switch row the control plane wrote reached the server's counters too.
+        assert (
+            'pdlab_node_phase_switches_total{from_phase="prefill",node="0",to_phase="decode",'
+            'trigger="manual"} 1.0' in metrics
+        )
+        assert 'pdlab_kv_cache_usage_perc{node="3",tier="gpu"} 0.3' in metrics
         tl = http.get("/v1/timeline").json()
         assert len(tl["samples"]["t"]) >= 1 and set(tl["samples"]["queued"]) <= {6}
         assert [s["prefill"] for s in tl["split"]] == [2, 1]

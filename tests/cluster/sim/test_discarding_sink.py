@@ -1,5 +1,6 @@
-"""A sink that declares it keeps nothing (`discards_rows`, NullSink) gets no rows built, and
-the run's answers do not depend on it."""
+"""A sink that declares it keeps nothing (`discards_rows`, NullSink) gets no rows built, one
+that names the tables it reads (`reads_tables`) gets only those, and the run's answers do not
+depend on it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cluster.core import MemorySink, NullSink
+from cluster.core import MemorySink, NullSink, tee
 from cluster.sim.buffer import BufferedSink
 from cluster.sim.simulator import SimConfig, Simulator
 
@@ -51,6 +52,29 @@ def test_a_keeping_sink_gets_every_table_it_does_not_skip():
     assert sink.tables["decode_iterations"] == {"node_id": [0, 1], "iter_id": [0, 1]}
     assert sink.tables["prefill_iterations"] == {"node_id": [3], "iter_id": [7]}
     assert "kv_events" not in sink.tables
+
+
+class RequestsOnly(MemorySink):
+    """A sink that reads one table (as a server's metrics without a database)."""
+
+    reads_tables = frozenset({"requests"})
+
+
+def test_a_sink_naming_its_tables_gets_only_those_and_a_tee_gets_their_union():
+    sink = RequestsOnly()
+    buf = BufferedSink(sink)
+    assert buf.wants("requests") and not buf.wants("kv_events")
+    buf.emit("kv_events", {"t": [0.0]})
+    buf.row("decode_iterations", node_id=3, iter_id=7)
+    buf.row("requests", request_id="r")
+    buf.flush()
+    assert set(sink.tables) == {"requests"}
+    assert "kv_events" in buf.skip and "decode_iterations" in buf.skip
+    # Teed with a sink that reads everything (a database), every table is built again.
+    both = tee(RequestsOnly(), MemorySink())
+    assert both is not None and BufferedSink(both).wants("kv_events")
+    narrow = tee(RequestsOnly(), None)
+    assert isinstance(narrow, RequestsOnly) and tee(None, None) is None
 
 
 def test_the_summary_is_the_same_whether_or_not_rows_are_built():

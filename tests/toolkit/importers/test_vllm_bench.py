@@ -98,15 +98,11 @@ def test_runs_nodes_and_engine_settings(tmp_path: Path) -> None:
 def test_older_meta_without_kv_cache_or_hardware() -> None:
     run = read_vllm_bench(RUNS / "rtxpro6000_qwen3_32b_vllm")
     e = run.config["engine"]
-    assert (e["tensor_parallel_size"], e["max_num_seqs"], e["num_gpu_blocks"], e["hardware"]) == (
-        2,
-        128,
-        None,
-        None,
-    )
-    assert run.hardware == "unknown" and run.config["clock"]["queue_lag_mean_s"] == pytest.approx(
-        0.133, abs=0.001
-    )
+    assert (e["tensor_parallel_size"], e["max_num_seqs"], e["num_gpu_blocks"]) == (2, 128, None)
+    # no device in meta.json: the GPU and its (nominal) memory from the cluster description
+    assert e["hardware"] == "RTXPRO6000" and run.hardware == "RTXPRO6000"
+    assert run.config["gpu_memory_source"] == "nominal (cluster_config.json)"
+    assert run.config["clock"]["queue_lag_mean_s"] == pytest.approx(0.133, abs=0.001)
     # no dp_rank per request: stored on rank 0, and the config says it is not the rank
     assert run.config["dp_ranks"] == "not recorded"
 

@@ -91,3 +91,19 @@ def test_unrecorded_ranks_spread_and_moe_ranks_step_together(moe: IterationPrice
     d0, d1 = replay(reqs, eng, 4000, dense)
     assert d0.dummy_iterations == d1.dummy_iterations == 0
     assert [t for t, *_ in d0.trace] != [t for t, *_ in d1.trace]
+
+
+def test_a_dummy_pass_is_a_one_token_decode_that_samples_nothing(moe: IterationPricer) -> None:
+    """vLLM's execute_dummy_batch: dense operators, one decode's attention and the MoE
+    block of one token over the group's tokens, no lm_head or sampler."""
+    group = 1.0 + 40
+    dummy = moe.dummy_cost(group)
+    decode = moe.cost([], [1], group)
+    assert dummy.per_sequence == 0 < decode.per_sequence
+    assert (dummy.dense, dummy.attention, dummy.moe, dummy.communication) == pytest.approx(
+        (decode.dense, decode.attention, decode.moe, decode.communication)
+    )
+    busy = ((), [800] * 40)
+    with_dummy = lockstep_time(moe, [busy, None])
+    assert with_dummy == pytest.approx(lockstep_time(moe, [busy, ((), [1])]), rel=0.01)
+    assert lockstep_time(moe, [None, None]) < lockstep_time(moe, [((), [1]), ((), [1])])

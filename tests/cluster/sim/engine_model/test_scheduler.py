@@ -240,6 +240,9 @@ def test_dp_ranks_of_an_moe_model_with_ep_step_together() -> None:
         ) -> object:
             return SimpleNamespace(total=self.time(chunks, decodes, group))
 
+        def dummy_cost(self, group: float, _pad: object) -> object:
+            return SimpleNamespace(total=self.time([], [1], group))
+
         def outside_layers_time(self, tokens: float, seqs: float) -> float:
             return 0.0
 
