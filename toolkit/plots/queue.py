@@ -58,6 +58,7 @@ def draw_queue(data: QueueSeries) -> go.Figure:
             row=1,
             col=1,
         )
+    alone = rec.is_empty()  # the only series: drawn solid
     for metric in ("running", "waiting", "in_flight"):
         if metric not in der.columns:
             continue
@@ -66,7 +67,12 @@ def draw_queue(data: QueueSeries) -> go.Figure:
                 x=der["t"].to_list(),
                 y=der[metric].to_list(),
                 mode="lines",
-                line={"color": COLORS[metric], "width": 1.3, "dash": "dot", "shape": "hv"},
+                line={
+                    "color": COLORS[metric],
+                    "width": 2 if alone else 1.3,
+                    "dash": None if alone else "dot",
+                    "shape": "hv",
+                },
                 name=f"{NAMES[metric]} (from request times)",
                 hovertemplate="t=%{x:.1f} s: %{y} "
                 + NAMES[metric]
@@ -99,9 +105,14 @@ def draw_queue(data: QueueSeries) -> go.Figure:
     if data.recorded_from:
         parts.append(f"solid: recorded by {data.recorded_from}")
     if der.height:
-        parts.append(f"dotted: from request times at {data.width_s:g} s steps")
-    fig = style(fig, TITLE, data.run_id, "; ".join(parts), height=460 if rows == 2 else 380)
-    fig.update_layout(legend={"orientation": "h", "y": -0.18, "x": 0})
+        how = "" if alone else "dotted: "
+        parts.append(f"{how}from request times at {data.width_s:g} s steps")
+    title = TITLE
+    if "in_flight" in der.columns and not data.recorded_from:
+        title = "Requests in flight over time"
+        parts.append("no schedule times logged: running and waiting not told apart")
+    fig = style(fig, title, data.run_id, "; ".join(parts), height=460 if rows == 2 else 380)
+    fig.update_layout(showlegend=True, legend={"orientation": "h", "y": -0.18, "x": 0})
     return fig
 
 

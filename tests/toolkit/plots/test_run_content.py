@@ -137,3 +137,32 @@ def test_selection_follows_the_content(change, shown, hidden, said):
     assert picked.names == [n for n in ORDER if n in picked.names]
     if said:
         assert said in picked.note()
+
+
+def test_a_run_without_schedule_times_shows_requests_in_flight(tmp_path):
+    """vLLM's result file (`vllm bench serve`) has client-side times only: no schedule."""
+    from datetime import UTC, datetime
+
+    from toolkit.importers import BenchRun
+    from toolkit.plots.queue import queue_over_time
+
+    run = BenchRun("client", datetime(2026, 1, 1, tzinfo=UTC), "vllm-bench-serve", {}, ["e"], "x")
+    for i in range(10):
+        run.add_request(
+            request_id=f"r{i}", program_id=f"r{i}", branch_id=f"r{i}", t_arrival=float(i),
+            prefill_node=0, decode_node=0, t_in=10, t_c=0, t_fetch=0, t_out=5,
+            t_first_token=i + 0.5, t_done=i + 3.0,
+        )  # fmt: skip
+    db = tmp_path / "c.duckdb"
+    write_runs(db, [run])
+    with open_run(db) as r:
+        q = queue_series(r)
+        assert select_figures(run_content(r)).names == ["latency", "queue"]
+    assert q.recorded.is_empty() and set(q.derived.columns) == {"t", "in_flight"}
+    # arrivals every second, each in flight for 3 s: 3 at a time once the run is going
+    assert q.derived.filter((q.derived["t"] >= 3) & (q.derived["t"] < 9))[
+        "in_flight"
+    ].unique().to_list() == [3]
+    fig = queue_over_time(db)
+    assert fig.layout.meta["pdlab_title"] == "Requests in flight over time"
+    assert "running and waiting not told apart" in fig.layout.title.text
