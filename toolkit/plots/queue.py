@@ -139,7 +139,7 @@ def twin_queue(
     twin = trace if isinstance(trace, pl.DataFrame) else pl.DataFrame(
         trace, schema=["t_s", "running", "waiting", "kv_blocks"], orient="row"
     )  # fmt: skip
-    span = float(twin["t_s"].max() or 0.0) if twin.height else 0.0
+    span = max(twin["t_s"].to_list(), default=0.0)
     if twin.height > points and span > 0:
         width = time_bin_width(span, points)
         twin = (

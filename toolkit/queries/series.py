@@ -98,8 +98,8 @@ def _derived(run: Run, width: float) -> pl.DataFrame:
     events = run.df(parts, params)
     if events.is_empty():
         return pl.DataFrame()
-    last = int(events["k"].max())
-    grid = pl.DataFrame({"k": range(int(events["k"].min()), last + 1)})
+    ks = events["k"].to_list()
+    grid = pl.DataFrame({"k": range(min(ks), max(ks) + 1)})
     for kind in kinds:
         got = events.filter(pl.col("kind") == kind).select("k", pl.col("n").alias(kind))
         grid = grid.join(got, on="k", how="left")
