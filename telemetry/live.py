@@ -81,7 +81,12 @@ def write_segment(
     base: Path, table: str, seq: int, data: pa.Table, compression: str = SEGMENT_COMPRESSION
 ) -> Path:
     folder = base / table
-    folder.mkdir(parents=True, exist_ok=True)
+    if not base.is_dir():  # never recreate a run directory someone removed: rows would vanish
+        raise TelemetryError(
+            f"the run's live directory {base} is gone (removed while the run was written); "
+            f"{table} rows cannot be stored"
+        )
+    folder.mkdir(exist_ok=True)
     final = folder / f"{seq:08d}.parquet"
     tmp = folder / f"{seq:08d}.parquet.tmp"
     # Dictionary-encode only strings (run_id repeats on every row); on numeric columns of

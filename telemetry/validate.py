@@ -230,7 +230,13 @@ def _locate_python(table: str, col: Column, values: Sequence[Any]) -> TelemetryE
             ok = pa.types.is_null(single.type) or _FAMILY[col.sql](single.type)
             if ok:
                 pc.cast(single, col.arrow, safe=True)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError):
+        except (
+            pa.ArrowInvalid,
+            pa.ArrowTypeError,
+            pa.ArrowNotImplementedError,
+            TypeError,
+            OverflowError,  # an integer beyond 64 bits
+        ):
             ok = False
         if not ok:
             return fail(

@@ -160,10 +160,40 @@ class TelemetryWriter:
         self.append(table, columns)
 
     def flush(self) -> None:
-        """Write every buffered table as one Parquet segment; readers see the rows afterwards."""
+        """Write every buffered table as one Parquet segment; readers see the rows afterwards.
+
+        Raises TelemetryError when segments written before are gone (the run's live
+        directory or a table's first or last segment removed): the rows in them are lost
+        and the run must not end as finished (checked cheaply here, fully by `close`)."""
         for table in list(self._buffers):
             self._flush_table(table)
         self._last_flush = time.monotonic()
+        self._check_segments()
+
+    def _check_segments(self) -> None:
+        """O(tables) stats: the lock file, and each table's first and last segment."""
+        gone = [] if (self.live_dir / live.LOCK_NAME).exists() else [live.LOCK_NAME]
+        for table, n in self._seq.items():
+            folder = self.live_dir / table
+            for seq in {0, n - 1}:
+                if not (folder / f"{seq:08d}.parquet").exists():
+                    gone.append(f"{table}/{seq:08d}.parquet")
+        if gone:
+            raise TelemetryError(
+                f"run {self.run_id!r}: live segments removed while the run was written "
+                f"({', '.join(gone[:4])}{', ...' if len(gone) > 4 else ''} in {self.live_dir}); "
+                "their rows are lost"
+            )
+
+    def lost_rows(self) -> dict[str, tuple[int, int]]:
+        """Table -> (rows written, rows still in its segments) where segments went missing
+        (read from the Parquet footers of every segment: what `close` checks)."""
+        found = store.segment_rows(live.segments(self.db_path, self.run_id))
+        return {
+            t: (n, found.get(t, 0))
+            for t, n in self.rows_written.items()
+            if found.get(t, 0) < n and t not in live.WRITTEN_THROUGH
+        }
 
     def close(self) -> None:
         """Flush, then move the run's segments into the DB in one transaction.
@@ -174,9 +204,24 @@ class TelemetryWriter:
         """
         if self._closed:
             return
-        self.flush()
+        try:
+            self.flush()
+        except TelemetryError as exc:
+            self._fail_lost(str(exc))
+        lost = self.lost_rows()
+        if lost:
+            self._fail_lost(
+                f"run {self.run_id!r}: rows lost before the run was stored (live segments "
+                "removed while it was written): "
+                + ", ".join(f"{t} {n - k} of {n}" for t, (n, k) in sorted(lost.items()))
+            )
         store.finalize_run(self.db_path, self.run_id, self.lock_timeout_s)
         self._finish()
+
+    def _fail_lost(self, reason: str) -> None:
+        """Store what is left as a failed run (status 'failed', `reason`), then raise."""
+        self.abort(reason)
+        raise TelemetryError(reason)
 
     def abort(self, reason: str) -> None:
         """End the run as failed (`reason` is stored with it), keeping the rows written so far.
@@ -193,7 +238,10 @@ class TelemetryWriter:
             with store.transaction(self.db_path, self.lock_timeout_s, what) as con:
                 store.remove_run(con, self.run_id)
         else:
-            self.flush()
+            try:
+                self.flush()
+            except TelemetryError as exc:  # segments gone: store what is left, say so
+                reason = f"{reason}; {exc}" if str(exc) not in reason else reason
             store.finalize_run(
                 self.db_path, self.run_id, self.lock_timeout_s, "failed", reason[:500]
             )

@@ -21,12 +21,14 @@ MAX_LINES = 500
 # uses all); inside `cluster` the layers run core -> kv, workloads -> control -> policies ->
 # sim -> sweep -> experiments, with the server and the SGLang adapter beside the simulator,
 # never importing it or each other (the CLI wires them together).
-BASE = ("cluster.core",)
+BASE = ("cluster.core", "cluster.input_files", "cluster.size_limits")
 ALLOWED: dict[str, tuple[str, ...]] = {
     "models": (),
     "telemetry": (),
     "toolkit": ("models", "telemetry", "cluster"),
     "cluster.core": (),
+    "cluster.input_files": ("cluster.core",),
+    "cluster.size_limits": ("cluster.core",),
     "cluster.kv": ("models", *BASE),
     "cluster.hardware": ("models", *BASE),
     "cluster.workloads": ("models", *BASE),

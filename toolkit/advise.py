@@ -58,6 +58,7 @@ from cluster.control.planning import SwitchMode, candidate_split
 from cluster.core import ConfigError
 from cluster.hardware.profiles import HardwareProfile, load_profile
 from cluster.sim.simulator import SimConfig, Simulator
+from cluster.size_limits import SIM_SECONDS
 from toolkit.advise_windows import Recommendation, WindowAdvice, order, recommend, window_best
 from toolkit.advise_workload import PLANNER_MODES, TRACE_BLOCK_TOKENS, RecordedRun, write_trace
 from toolkit.twin_metrics import Timings, metric_values
@@ -234,7 +235,7 @@ def advise(
     switched: dict[str, list[tuple[Timings, int, dict[str, float]]]] = {}
     with tempfile.TemporaryDirectory(prefix="pdlab-advise-") as tmp:
         trace = write_trace(rec, Path(tmp) / "requests.jsonl")
-        horizon = max(3600.0, 20.0 * (t_last + 1.0))
+        horizon = min(max(3600.0, 20.0 * (t_last + 1.0)), SIM_SECONDS.hi)
         for p, d in candidates:
             name = split_name(p, d)
             for k in range(seeds):

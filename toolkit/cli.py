@@ -32,8 +32,35 @@ app = typer.Typer(
 
 
 @app.callback()
-def _main() -> None:
+def _main(
+    allow_special_files: bool = typer.Option(
+        False,
+        "--allow-special-files",
+        help="Read input files that are not regular files (FIFOs, devices, e.g. "
+        "<(zcat run.jsonl.gz)); still capped by --max-input-mb.",
+    ),
+    max_input_mb: float | None = typer.Option(
+        None,
+        "--max-input-mb",
+        help="Largest data file read (request logs, benchmark results, traces, profile "
+        "CSVs), MiB (default 512). See docs/limits.md.",
+    ),
+) -> None:
     """pdlab: simulate, fit, analyze and control PD-disaggregated serving of agents."""
+    import os
+
+    from cluster.input_files import ALLOW_SPECIAL_ENV, MAX_INPUT_MB_ENV, data_cap_bytes
+
+    # Environment variables, so worker processes (sweeps, partitions) read files alike.
+    if allow_special_files:
+        os.environ[ALLOW_SPECIAL_ENV] = "1"
+    if max_input_mb is not None:
+        os.environ[MAX_INPUT_MB_ENV] = repr(max_input_mb)
+        try:
+            data_cap_bytes()
+        except ValueError as exc:
+            typer.echo(f"error: --max-input-mb: {exc}", err=True)
+            raise typer.Exit(2) from None
 
 
 @app.command()

@@ -97,6 +97,7 @@ def advise_command(
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from cluster import size_limits
     from telemetry import TelemetryError
     from toolkit.advise import advise
     from toolkit.advise_workload import load_run
@@ -104,6 +105,9 @@ def advise_command(
 
     err = Console(stderr=True)
     try:
+        size_limits.check("--nodes", nodes, size_limits.NODES)  # before any replay
+        size_limits.SEEDS.check("--seeds", seeds)
+        size_limits.check("--window", window, size_limits.SIM_SECONDS)
         rec = load_run(db, run, twin=twin, profile=profile)
         with Progress(
             TextColumn("[bold]advise[/] {task.description}"),

@@ -46,7 +46,9 @@ if TYPE_CHECKING:
 def engine_command(
     model: str = typer.Option("tiny-moe", "--model", help="tiny-moe, small-moe or small-dense."),
     host: str = typer.Option("127.0.0.1", "--host"),
-    port: int = typer.Option(30000, "--port", help="HTTP port (0 = any free port)."),
+    port: int = typer.Option(
+        30000, "--port", min=0, max=65535, help="HTTP port (0 = any free port)."
+    ),
     role: str = typer.Option("null", "--role", help="null (collocated), prefill or decode."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16."),
@@ -63,7 +65,9 @@ def engine_command(
     enable_pd_role_switch: bool = typer.Option(
         False, "--enable-pd-role-switch", help="Accept POST /pd_role_switch (keeps the cache)."
     ),
-    bootstrap_port: int = typer.Option(0, "--bootstrap-port", help="PD bootstrap server port."),
+    bootstrap_port: int = typer.Option(
+        0, "--bootstrap-port", min=0, max=65535, help="PD bootstrap server port."
+    ),
     kv_events_endpoint: str | None = typer.Option(None, "--kv-events-endpoint"),
     kv_replay_endpoint: str | None = typer.Option(None, "--kv-replay-endpoint"),
     forward_metrics_endpoint: str | None = typer.Option(None, "--forward-metrics-endpoint"),

@@ -21,6 +21,8 @@ from typing import Any
 import typer
 from rich.markup import escape
 
+from toolkit.formatting import json_text, percent
+
 EXIT_INPUT = 2
 EXIT_NOTHING_FITTED = 1
 
@@ -112,7 +114,7 @@ def _print_table(result: Any, written: int | None, wide: bool = False) -> None:
     notes: dict[str, int] = {}
     for node in result.nodes:
         for fit, terms in ((node.prefill, PREFILL_TERMS), (node.decode, DECODE_TERMS)):
-            mape = f"{100 * fit.mape:.2f}%" if fit.mape is not None else "-"
+            mape = percent(fit.mape)
             samples = f"{fit.samples}/{fit.samples_test}"
             phase = fit.phase if fit.form == "paper" else f"{fit.phase} ({fit.form})"
             cell = _coef_cell(fit, tuple(fit.terms) or terms) if wide else _compact_cell(fit, notes)
@@ -122,6 +124,17 @@ def _print_table(result: Any, written: int | None, wide: bool = False) -> None:
         console.print(f"[{number}] {escape(text)}", highlight=False)
     if written is not None:
         console.print(f"{written} rows written to model_fits")
+
+
+def _check_size(flag: str, value: object, limit: str) -> None:
+    """A count against its ceiling (cluster.size_limits), as a one-line error."""
+    from cluster import size_limits
+    from cluster.core import ConfigError
+
+    try:
+        size_limits.LIMITS[limit].check(flag, value)
+    except ConfigError as exc:
+        _fail(str(exc))
 
 
 def fit_command(
@@ -175,6 +188,7 @@ def fit_command(
         _fail(f"--ci must be 'time' or 'rows', got {ci!r}")
     if target not in ("auto", "wall", "cpu"):
         _fail(f"--target must be auto, wall or cpu, got {target!r}")
+    _check_size("--bootstrap", bootstrap, "BOOTSTRAP")
     try:
         if form == "paper" and ci == "rows" and target == "wall":
             result = fit_run(db, run, node, holdout=holdout, bootstrap=bootstrap, seed=seed)
@@ -201,7 +215,7 @@ def fit_command(
         out["overheads"] = overheads_json(overheads)
         if result.note:
             typer.echo(f"warning: {result.note}", err=True)
-        typer.echo(json.dumps(out))
+        typer.echo(json_text(out))
     else:
         _print_table(result, written, wide)
         print_overheads(overheads)
@@ -227,6 +241,9 @@ def synth_logs_command(
     import duckdb
 
     from toolkit.synth import DEFAULT_TRUTH, synth_logs
+
+    _check_size("--nodes", nodes, "NODES")
+    _check_size("--iterations", iterations, "SYNTH_ITERATIONS")
 
     try:
         run_id = synth_logs(

@@ -19,11 +19,12 @@ its instances, the engine settings assumed and the references stored.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import typer
+
+from toolkit.formatting import json_text
 
 EXIT_INPUT = 2
 
@@ -61,7 +62,7 @@ def _write_and_report(db: Path, runs: list[Any], as_json: bool, replace: bool = 
                 for run, m in results
             ],
         }
-        typer.echo(json.dumps(out))
+        typer.echo(json_text(out))
         return
     from rich.console import Console
     from rich.table import Table
@@ -322,7 +323,7 @@ def _report_lss(db: Path, bench: Any, as_json: bool) -> None:
         "assumptions": cfg["assumptions"],
     }
     if as_json:
-        typer.echo(json.dumps(info))
+        typer.echo(json_text(info))
         return
     from rich.console import Console
     from rich.table import Table

@@ -22,6 +22,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from cluster.core import ConfigError
 from toolkit.commands_serve import DEFAULT_SHAPE, ENGINES, TOKEN_ENV
 
 console = Console(stderr=True)
@@ -74,6 +75,15 @@ def lab_command(
     from toolkit.processes import spawn, stop_signals, stop_tree
 
     stop_signals()
+    try:  # before JupyterLab or the server starts (cluster.size_limits)
+        from cluster import size_limits as limits
+        from toolkit.commands_serve import check_sizes
+
+        limits.PORT.check("--lab-port", lab_port)
+        check_sizes(engines, port=port, nodes=nodes, agents=agents, token_scale=token_scale)
+    except ConfigError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
     if not notebook_dir.is_dir():
         console.print(f"[red]error:[/] notebook directory {notebook_dir} does not exist")
         raise typer.Exit(2)

@@ -19,10 +19,13 @@ kernel database instead of an LLMServingSim directory
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import typer
+
+from toolkit.formatting import json_text, percent
 
 EXIT_INPUT = 2
 GIB = 1024**3
@@ -88,9 +91,9 @@ def _print(info: dict[str, Any]) -> None:
         table.add_row(
             phase,
             str(f["points"]),
-            f"{100 * f['paper_mape']:.2f}%",
+            percent(f["paper_mape"]),
             f["chosen"],
-            f"{100 * f['chosen_mape']:.2f}%",
+            percent(f["chosen_mape"]),
             coefs,
         )
     console = Console()
@@ -222,6 +225,7 @@ def import_command(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (the summary)."),
 ) -> None:
     """Fit a pdlab profile from an operator profile (or AIConfigurator's kernel tables) and a model config."""
+    from cluster import size_limits as limits
     from cluster.core import ConfigError
     from cluster.hardware.engine import EngineSettings
     from cluster.hardware.model_shape import ModelShape
@@ -248,6 +252,11 @@ def import_command(
     ):
         src = directory / "tp1"  # a model folder of the layers layout: scale its TP 1 bundle
     try:
+        limits.check("--gpu-memory-gib", gpu_memory_gib, limits.GPU_MEMORY_GIB)
+        limits.check("--profiled-tp", profiled_tp, limits.TENSOR_PARALLEL)
+        limits.check("--max-num-seqs", max_num_seqs, limits.MAX_NUM_SEQS)
+        limits.check("--max-num-batched-tokens", max_num_batched_tokens, limits.BATCHED_TOKENS)
+        limits.check("--gpu-memory-utilization", gpu_memory_utilization, limits.UTILIZATION)
         shape = ModelShape.load(model_config)
         engine = None
         if gpu_memory_gib or max_num_seqs or max_num_batched_tokens or gpu_memory_utilization:
@@ -275,13 +284,20 @@ def import_command(
 
 
 def _write(profile: Any, output: Path, as_json: bool, extra_notes: list[str]) -> None:
+    try:  # JSON has no NaN or Infinity: a profile holding one is refused, not written
+        text = json.dumps(profile.to_json(), allow_nan=False)
+    except ValueError:
+        _fail(f"the profile holds a non-finite number; nothing written to {output}")
+        return
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(profile.to_json()) + "\n")
+    tmp = output.with_name(f".{output.name}.tmp")
+    tmp.write_text(text + "\n")
+    os.replace(tmp, output)  # readers see the old profile or the new one, never half of one
     info = summary(profile, output)
     info["notes"][:0] = extra_notes
     if profile.source.startswith("aiconfigurator:"):
         info["tables"] = json.loads(profile.source.removeprefix("aiconfigurator:"))
     if as_json:
-        typer.echo(json.dumps(info))
+        typer.echo(json_text(info))
     else:
         _print(info)

@@ -27,7 +27,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from cluster.core import ConfigError
+from cluster.core import ConfigError, leave_garbage_to_os
 
 if TYPE_CHECKING:
     from toolkit.sim_options import SimOptions
@@ -38,6 +38,32 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 ENGINES = ("sim", "torch")
 # Cluster shape defaults per kind of engine: 9 simulated nodes, or 3 torch processes.
 DEFAULT_SHAPE = {"sim": (9, "4P5D", 126), "torch": (3, "1P2D", 8)}
+
+
+def check_sizes(
+    engines: str,
+    *,
+    port: int,
+    nodes: int | None,
+    agents: int | None,
+    duration_s: float | None = None,
+    token_scale: float | None = None,
+    time_scale: float | None = None,
+    max_output_tokens: int | None = None,
+) -> None:
+    """The sizes `pdlab serve` and `pdlab lab` take, against their ceilings
+    (cluster.size_limits; ConfigError naming the flag). The simulated cluster's options are
+    checked again, all of them, by its SimConfig."""
+    from cluster import size_limits as limits
+
+    limits.check("--port", port, limits.PORT)
+    limits.check("--nodes", nodes, limits.TORCH_NODES if engines == "torch" else limits.NODES)
+    if nodes is not None:
+        limits.check_agents("--agents", agents, nodes)
+    limits.check("--duration", duration_s, limits.SIM_SECONDS)
+    limits.check("--token-scale", token_scale, limits.TOKEN_SCALE)
+    limits.check("--time-scale", time_scale, limits.TIME_SCALE)
+    limits.check("--max-output-tokens", max_output_tokens, limits.OUTPUT_TOKENS)
 
 
 def serve_command(
@@ -136,6 +162,14 @@ def serve_command(
     split = d_split if split is None else split
     if agents is None and arrival_rate is None:
         agents = d_agents
+    try:  # before anything starts or allocates: a typo is one line, not 22 GB
+        check_sizes(
+            engines, port=port, nodes=nodes, agents=agents, duration_s=duration,
+            token_scale=token_scale, time_scale=time_scale, max_output_tokens=max_output_tokens,
+        )  # fmt: skip
+    except ConfigError as exc:
+        console.print(f"[red]error:[/] {escape(str(exc))}")
+        raise typer.Exit(2) from None
     if db is not None:  # before anything starts: a wrong file is one line, not a traceback
         from telemetry.database import check_database
         from telemetry.errors import TelemetryError
@@ -216,9 +250,16 @@ def _serve_sim(
     # uvicorn re-raises the SIGINT (SIGTERM, SIGHUP: toolkit.processes) it handled
     with serving(server), contextlib.suppress(KeyboardInterrupt):
         server.run()
+    # The run is stored and closed: the process exits without freeing the simulated cluster
+    # object by object (seconds for 100,000 agents after a SIGTERM).
+    leave_garbage_to_os()
     summary = service.summary
-    if summary is not None:
+    if summary is not None and "requests" in summary:
         console.print(
             f"run {summary.get('run_id')}: {summary['sim_seconds']:.0f} sim-s, "
             f"{summary['requests']} requests, {summary['switches']} switches"
         )
+    failure = service.failure or engines.error
+    if failure is not None:  # the run did not end well: say so, and in the exit code
+        console.print(f"[red]error:[/] the run failed: {escape(failure)}")
+        raise typer.Exit(1)

@@ -194,6 +194,7 @@ def simulate_command(
             console.print(f"[red]error:[/] --db: {err}")
             raise typer.Exit(2) from None
     # Heavy imports inside the command, so `pdlab --help` stays fast.
+    from cluster import size_limits
     from cluster.core import leave_garbage_to_os, tune_gc
     from cluster.sim.runner import simulate
     from toolkit.sim_options import SimOptions, clean_json
@@ -250,6 +251,8 @@ def simulate_command(
     )
     try:
         cfg = options.to_config()  # checked: a bad option fails before the progress bar
+        size_limits.PARTITIONS.check("--partitions", partitions)
+        size_limits.check("--processes", processes, size_limits.PROCESSES)
     except ConfigError as err:
         console.print(f"[red]error:[/] {escape(str(err))}")
         raise typer.Exit(2) from None

@@ -139,6 +139,7 @@ def sweep_command(
 ) -> None:
     """Sweep policies and parameters; results into DuckDB and a summary table."""
     # Heavy imports inside the command, so `pdlab --help` stays fast.
+    from cluster import size_limits
     from cluster.experiments.policy_sweeps import table1_rows
     from cluster.sweep import (
         BACKENDS,
@@ -161,6 +162,7 @@ def sweep_command(
             )
         if plot is not None and not plot.parent.is_dir():
             raise ConfigError(f"--plot: folder {str(plot.parent)!r} does not exist")
+        size_limits.check("--processes", processes, size_limits.PROCESSES)
         points = expand(spec)
         check_points(points)  # every configuration, before the bar and the workers start
         with Progress(

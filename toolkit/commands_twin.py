@@ -31,12 +31,13 @@ for another TP or model, an unknown what-if key).
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 import typer
+
+from toolkit.formatting import json_text, percent
 
 EXIT_INPUT = 2
 
@@ -101,10 +102,26 @@ def twin_command(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Replay a recorded run's requests on models of its serving and compare with the real run."""
+    from cluster import size_limits as limits
+    from cluster.core import ConfigError
     from telemetry import TelemetryError
     from toolkit.twin import run_twin
     from toolkit.twin_whatif import PD_KEYS, WhatIfResult, parse_changes, what_if
 
+    try:  # every size checked before anything is read or allocated (cluster.size_limits)
+        limits.check("--gpu-memory-gib", gpu_memory_gib, limits.GPU_MEMORY_GIB)
+        limits.check(
+            "--gpu-memory-utilization",
+            gpu_memory_utilization,
+            limits.UTILIZATION,
+        )
+        limits.check("--max-num-seqs", max_num_seqs, limits.MAX_NUM_SEQS)
+        limits.check("--max-num-batched-tokens", max_num_batched_tokens, limits.BATCHED_TOKENS)
+        limits.check("--link-gbps", link_gbps, limits.LINK_GBPS)
+        limits.check("--link-latency-us", link_latency_us, limits.LINK_LATENCY_US)
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_INPUT) from None
     if profile is None:
         engine_flags = {
             "--gpu-memory-gib": gpu_memory_gib,
@@ -151,9 +168,7 @@ def twin_command(
     if alt is not None:
         doc["what_if"] = alt.to_json()
     if as_json:
-        from toolkit.sim_options import clean_json
-
-        typer.echo(json.dumps(clean_json(doc)))
+        typer.echo(json_text(doc))
         return
     from rich.console import Console
     from rich.table import Table
@@ -329,9 +344,7 @@ def _cluster_twin(
         raise typer.Exit(EXIT_INPUT) from None
     doc = result.to_json()
     if as_json:
-        from toolkit.sim_options import clean_json
-
-        typer.echo(json.dumps(clean_json(doc)))
+        typer.echo(json_text(doc))
         return
     from rich.console import Console
 
@@ -339,7 +352,7 @@ def _cluster_twin(
     console.print(_metrics_table(result.run_id, doc["requests"], result.metrics))
     c = doc["cluster"]
     fits = ", ".join(
-        f"node {f['node_id']} {f['phase']} {100 * f['mape']:.0f}%"
+        f"node {f['node_id']} {f['phase']} {percent(f['mape'], 0)}"
         for f in c["fits"]
         if f["mape"] is not None
     )

@@ -9,8 +9,8 @@ least 95% of the ticks), and each peer simulator's error on the same metric. Ben
 profile they replay with (`--profile RUN=PROFILE.json`); cluster runs (`pdlab import
 lss-run`) carry theirs. `--json` prints {"rows": [...], "skipped": [...], "notes": {...}}.
 
-`pdlab validate silicon [CSV] [--aic-systems DIR] [--model-configs DIR] [--no-aic] [--db DB
---figure F.html]` shares the name (issue 23): the twin and AIConfigurator's estimator on
+`pdlab validate silicon [CSV] [--aic-systems DIR] [--model-configs DIR] [--no-aic]
+[--cpu-overhead X] [--db DB --figure F.html]` shares the name (issue 23): the twin and AIConfigurator's estimator on
 real deployments (toolkit.commands_validate_silicon). Exit code 2 for bad input.
 """
 
@@ -159,6 +159,13 @@ def validate_command(
     figure: Path | None = typer.Option(
         None, "--figure", help="`silicon`: write the figure (HTML) here (needs --db)."
     ),
+    cpu_overhead: float = typer.Option(
+        0.0,
+        "--cpu-overhead",
+        min=0.0,
+        help="`silicon`: CPU per iteration, x vidur's A100 vLLM schedule + prepare_inputs "
+        "(0.189 ms + 3.68 us/seq; an assumption, 0 = kernels only).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Replay every imported real run on the twin and compare: one validation table.
@@ -172,11 +179,17 @@ def validate_command(
         run_silicon(
             Path(extra[0]) if extra else None, aic_systems=aic_systems,
             model_configs=model_configs, use_aic=use_aic, db=silicon_db, figure=figure,
-            as_json=as_json,
+            as_json=as_json, cpu_overhead=cpu_overhead,
         )  # fmt: skip
         return
-    if silicon_db is not None or figure is not None or aic_systems is not None or model_configs:
-        _fail("--db, --figure, --aic-systems and --model-configs belong to `validate silicon`")
+    if (
+        silicon_db is not None or figure is not None or aic_systems is not None or model_configs
+        or cpu_overhead
+    ):  # fmt: skip
+        _fail(
+            "--db, --figure, --aic-systems, --model-configs and --cpu-overhead belong to "
+            "`validate silicon`"
+        )
     if extra:
         _fail(
             f"unexpected argument(s) {' '.join(extra)} after the database (options start with --)"

@@ -89,6 +89,7 @@ def run_silicon(
     db: Path | None,
     figure: Path | None,
     as_json: bool,
+    cpu_overhead: float = 0.0,
 ) -> None:
     """`pdlab validate silicon [CSV]` (the options are `validate_command`'s)."""
     from cluster.core import ConfigError
@@ -113,7 +114,7 @@ def run_silicon(
         try:
             results, summary = validate_silicon(
                 csv_path, systems_dir=aic_systems, model_dirs=model_configs, use_aic=use_aic,
-                progress=progress,
+                progress=progress, cpu_overhead=cpu_overhead,
             )  # fmt: skip
         except ConfigError as exc:
             _fail(str(exc))

@@ -11,6 +11,8 @@ KV bytes / (link bandwidth x prefill TP ranks sending at once), over NVLink when
 deployment fits one node (or an NVLink rack: GB200/GB300 list NVLink as their inter-node
 link), else the system's inter-node bandwidth. A row pdlab cannot replay raises
 `Unsupported` with the reason, worded the same for every row it applies to (so they count).
+`overhead` is CPU time per iteration outside the kernels (none by default: the tables time
+kernels only); `validate_silicon` can set it from vidur's measurement, a stated assumption.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from cluster.hardware.aiconfigurator_profile import (
 )
 from cluster.hardware.model_shape import ModelShape
 from cluster.sim.engine_model.closed_loop import INFERENCEX, BenchmarkProtocol, Worker, closed_loop
-from cluster.sim.engine_model.pricing import iteration_time
+from cluster.sim.engine_model.pricing import NO_OVERHEAD, IterationOverhead, iteration_time
 from cluster.sim.engine_model.uniform_engine import EngineLimits, UniformEngine
 from models.iteration import phi
 from toolkit.silicon_rows import Parallel, SiliconRow, find_model_config, read_config
@@ -87,8 +89,10 @@ class SiliconTwin:
         systems_dir: Path | None = None,
         model_dirs: Iterable[Path] = (),
         protocol: BenchmarkProtocol = INFERENCEX,
+        overhead: IterationOverhead = NO_OVERHEAD,
     ):
         self.systems_dir = systems_dir
+        self.overhead = overhead
         self.model_dirs = list(model_dirs)
         self.protocol = protocol
         self._dbs: dict[tuple[str, str], KernelDatabase] = {}
@@ -187,6 +191,7 @@ class SiliconTwin:
         )
 
         memo = self._memo.setdefault(eng.key, {})
+        overhead = self.overhead
 
         def price(
             chunks: list[tuple[int, int]], decodes: int, mean_ctx: float, group: float
@@ -201,7 +206,9 @@ class SiliconTwin:
             )
             t = memo.get(key)
             if t is None:
-                t = memo[key] = iteration_time(pricer, chunks, [int(mean_ctx)] * decodes, group)
+                t = memo[key] = iteration_time(
+                    pricer, chunks, [int(mean_ctx)] * decodes, group, overhead
+                )
             return t
 
         return Worker(

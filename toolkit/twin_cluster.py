@@ -28,6 +28,7 @@ from cluster.core import ConfigError
 from cluster.sim.config import SimConfig
 from cluster.sim.entities import SimRequest
 from cluster.sim.simulator import Simulator
+from cluster.size_limits import SIM_SECONDS
 from models.overheads import ServingOverheads
 from toolkit.cluster_inputs import ClusterInputs, load_cluster_inputs, write_trace
 from toolkit.fit_overheads import overheads_json
@@ -120,7 +121,7 @@ def run_cluster_twin(
             split=c.split,
             agents=1,  # unused: the trace's arrival times drive the run
             # the run ends when the last request finishes; this only bounds a runaway twin
-            duration_s=last + 10.0 * span_s + 600.0,
+            duration_s=min(last + 10.0 * span_s + 600.0, SIM_SECONDS.hi),
             warmup_s=0.0,
             planner="static",
             router=c.router,

@@ -159,7 +159,7 @@ def replay_parameters(
     expert_parallel = shape.is_moe and engine.expert_parallel_size > 1
     if engine.tensor_parallel_size > 1 or expert_parallel or kv_transfers:
         out += _link(pricer, link)
-    if expert_parallel:
+    if expert_parallel and pricer.tables.moe_kind != "per-ep-rank":  # else the table's own
         out.append(
             ReplayParameter(
                 "expert_load_skew", par.expert_load_skew, "assumed", SKEW_RANGE[0],

@@ -37,6 +37,7 @@ from cluster.core import ConfigError, NullSink
 from cluster.hardware.profiles import load_profile
 from cluster.sim.config import parse_split
 from cluster.sim.simulator import SimConfig, Simulator
+from cluster.size_limits import SIM_SECONDS
 from toolkit.twin import TwinResult
 from toolkit.twin_metrics import BOOTSTRAP_SAMPLES, Timings
 from toolkit.twin_whatif import PD_KEYS, WhatIfResult, estimates
@@ -115,9 +116,7 @@ def pd_what_if(
     # The twin's pricer: the profile's grid with the recorded interconnect (what the
     # collocated nodes' mixed iterations are priced with, as the engine model's are), and
     # the engine's KV block size (what a cached prefix and a request's blocks are made of).
-    prof = replace(
-        load_profile(str(profile)), pricer=inputs.pricer, block_tokens=engine.block_size
-    )
+    prof = replace(load_profile(str(profile)), pricer=inputs.pricer, block_tokens=engine.block_size)
     dp = engine.data_parallel_size
     split = str(changes.get("split", "collocated"))
     nodes = _nodes(split, dp)
@@ -128,7 +127,7 @@ def pd_what_if(
         profile=prof,
         arrival_rate_per_min=None,
         agents=1,
-        duration_s=1e9,
+        duration_s=SIM_SECONDS.hi,  # the trace's end ends the run; this bounds a runaway
         warmup_s=0.0,
         telemetry="compact",
         l1_tokens=inputs.kv.tokens,

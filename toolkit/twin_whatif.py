@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from cluster import size_limits as limits
 from cluster.core import ConfigError
 from cluster.hardware.engine import GIB, EngineSettings
 from cluster.hardware.pricer import IterationPricer
@@ -51,6 +52,17 @@ WHAT_IF_KEYS = (
     "gpu_memory_utilization",
 )
 PD_KEYS = ("split", "router")  # the cluster simulator's (toolkit.twin_pd)
+# Ceilings of the numeric keys; the engine settings check the rest again when built.
+WHAT_IF_LIMITS = {
+    "max_num_seqs": limits.MAX_NUM_SEQS,
+    "max_num_batched_tokens": limits.BATCHED_TOKENS,
+    "num_gpu_blocks": limits.KV_BLOCKS,
+    "data_parallel_size": limits.DATA_PARALLEL,
+    "block_size": limits.BLOCK_SIZE,
+    "long_prefill_token_threshold": limits.Limit(0, limits.MODEL_LEN.hi, "tokens"),
+    "gpu_memory_gib": limits.GPU_MEMORY_GIB,
+    "gpu_memory_utilization": limits.UTILIZATION,
+}
 
 
 class WhatIfMetric(NamedTuple):
@@ -115,6 +127,9 @@ def parse_changes(items: list[str]) -> dict[str, Any]:
                 out[key] = int(raw)
         except ValueError:
             raise ConfigError(f"--what-if {item!r}: {raw!r} is not a valid {key}") from None
+        limit = WHAT_IF_LIMITS.get(key)
+        if limit is not None:  # before anything is allocated (cluster.size_limits)
+            limit.check(f"--what-if {key}", out[key])
     return out
 
 

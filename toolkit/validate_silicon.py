@@ -11,7 +11,9 @@ protocol (`closed_loop.INFERENCEX`).
 `summarize` gives the `--json` object: `all` and each partition (system/backend/mode/
 family) with its row count and both tools' MAPE (fractions) for TTFT and TPOT over the rows
 both predicted, `unsupported` (reason -> rows pdlab does not replay), `rows_total`, and
-coverage. `store` writes a run (source 'validate-silicon') with one `silicon_validation`
+coverage, and `assumptions` (what the replay assumed beyond the tables: `cpu_overhead`, CPU
+per iteration outside the kernels, 0 unless asked, in multiples of vidur's A100 measurement
+of vLLM's schedule + prepare_inputs, toolkit.twin_parameters). `store` writes a run (source 'validate-silicon') with one `silicon_validation`
 row per CSV row (telemetry/schema.py).
 """
 
@@ -24,6 +26,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from cluster.core import ConfigError
+from cluster.sim.engine_model.pricing import IterationOverhead
 from toolkit.silicon_rows import SiliconRow, load_rows
 from toolkit.silicon_twin import SiliconTwin, Unsupported
 
@@ -156,8 +160,26 @@ def _scores(rs: list[RowResult], aic_on: bool) -> dict[str, Any]:
     return out
 
 
+def cpu_overhead_assumption(factor: float) -> dict[str, Any]:
+    """The per-iteration CPU the replay adds, with its source (`factor` x vidur's)."""
+    from toolkit.twin_parameters import CPU_PER_ITERATION_S, CPU_PER_SEQUENCE_S
+
+    return {
+        "factor": factor,
+        "per_iteration_s": factor * CPU_PER_ITERATION_S,
+        "per_sequence_s": factor * CPU_PER_SEQUENCE_S,
+        "source": "assumed: x vidur's A100 measurement of vLLM's schedule + prepare_inputs "
+        "per iteration (microsoft/vidur a100_cpu_overheads, commit e2d00e9; fit over batches "
+        "8-128), the twin's cpu_overhead parameter; not fitted to this sample",
+    }
+
+
 def summarize(
-    results: list[RowResult], *, aic_on: bool, runtime_s: float | None = None
+    results: list[RowResult],
+    *,
+    aic_on: bool,
+    runtime_s: float | None = None,
+    cpu_overhead: float = 0.0,
 ) -> dict[str, Any]:
     """The `--json` object (module docstring)."""
     by: dict[str, list[RowResult]] = defaultdict(list)
@@ -183,6 +205,7 @@ def summarize(
             "disagg_share": sum(r.pdlab_ok for r in disagg) / max(len(disagg), 1),
         },
         "aiconfigurator_installed": aic_on,
+        "assumptions": {"cpu_overhead": cpu_overhead_assumption(cpu_overhead)},
     }
     if aic_on:
         doc["aiconfigurator_errors"] = dict(
@@ -206,13 +229,15 @@ def validate_silicon(
     model_dirs: Sequence[Path] = (),
     use_aic: bool = True,
     progress: Callable[[str, int, int], None] | None = None,
+    cpu_overhead: float = 0.0,
 ) -> tuple[list[RowResult], dict[str, Any]]:
     """Load the CSV, replay every row and estimate it with AIConfigurator; (results, summary).
 
     AIConfigurator's estimator runs in a child process while the twin replays (it costs
     about as much, and the two share nothing), on the rows whose model pdlab composes.
     `progress(stage, done, total)` reports 'pdlab' rows replayed and 'aiconfigurator'
-    rows estimated.
+    rows estimated. `cpu_overhead` (>= 0) adds that many times vidur's per-iteration CPU
+    (`cpu_overhead_assumption`) to every iteration the twin prices.
     """
     import tempfile
 
@@ -221,7 +246,11 @@ def validate_silicon(
     start = time.perf_counter()
     rows = load_rows(csv_path if csv_path is not None else default_csv())
     dirs = [*model_dirs, *default_model_dirs(systems_dir)]
-    twin = SiliconTwin(systems_dir, dirs)
+    if not cpu_overhead >= 0.0:
+        raise ConfigError(f"cpu_overhead must be a number >= 0, got {cpu_overhead!r}")
+    cpu = cpu_overhead_assumption(cpu_overhead)
+    overhead = IterationOverhead(cpu["per_iteration_s"], cpu["per_sequence_s"])
+    twin = SiliconTwin(systems_dir, dirs, overhead=overhead)
     on = use_aic and silicon_aic.available()
     report = progress or (lambda _stage, _done, _total: None)
     ests: dict[int, Any] = {}
@@ -247,7 +276,8 @@ def validate_silicon(
             report("aiconfigurator", len(got), len(wanted))
         ests = dict(zip(wanted, got, strict=True))
         results = [_with_aic(r, ests.get(i)) for i, r in enumerate(results)]
-    return results, summarize(results, aic_on=on, runtime_s=time.perf_counter() - start)
+    runtime_s = time.perf_counter() - start
+    return results, summarize(results, aic_on=on, runtime_s=runtime_s, cpu_overhead=cpu_overhead)
 
 
 def store(db: str | Path, results: list[RowResult], summary: dict[str, Any], csv_path: str) -> str:

@@ -24,8 +24,10 @@ in seconds:
   attention is the two measured kernels' sum.
 - moe: the MoE table at the model's expert shape, MoE TP/EP and routing distribution (by
   the tokens entering the layer: the EP group's), plus under attention DP the dispatch and
-  combine (an all-gather and a reduce-scatter: one all-reduce's traffic over the group),
-  keyed as the pricer asks (`IterationPricer.moe_time`: tokens after dispatch on one rank).
+  combine (an all-gather and a reduce-scatter: one all-reduce's traffic over the group).
+  AIConfigurator timed it on one rank of the deployment's MoE TP/EP, so the tables say so
+  (`moe_kind` "per-ep-rank", keyed by the group's tokens, experts per rank) and the pricer
+  prices it as it stands, not as a one-GPU moe.csv it would share out over the EP ranks.
 
 The collectives are priced in the tables, so the pricer's own link model is off
 (latency 0, bandwidth LINK_OFF_GBPS). Engine behaviour that no table measures is assumed and
@@ -258,11 +260,8 @@ class _Composer:
                             t.moe_tp_size, t.moe_ep, kernels(t.moe_dtype), t.distribution)  # fmt: skip
         group = np.unique(np.concatenate([table.x, self.tokens * t.dp]))
         sec = np.asarray(table(group)) + self._allreduce(self.moe_ar, group * s.hidden_size)
-        ep = t.pricer_ep
-        key = group * (1.0 - (1.0 - 1.0 / ep) ** s.top_k) if ep > 1 else group
-        experts = s.num_experts / ep
-        rows = [(k, e, v) for e in (1.0, max(experts, 1.0)) for k, v in zip(key, sec, strict=True)]
-        return np.asarray(sorted(set(rows)), dtype=np.float64)
+        experts = max(s.num_experts / t.pricer_ep, 1.0)  # the pricer's key; one column
+        return np.column_stack([group, np.full_like(group, experts), sec])
 
 
 def compose_tables(
@@ -275,7 +274,7 @@ def compose_tables(
     moe = c.moe_rows()
     tables = OperatorTables(
         c.dense_layer(), c.dense_iteration(), c.per_sequence(), c.attention_rows(), moe,
-        ("aiconfigurator",), target.tp,
+        ("aiconfigurator",), target.tp, moe_kind="per-ep-rank",
     )  # fmt: skip
     notes = [
         f"AIConfigurator kernel tables: {db.system} / {db.backend} "
@@ -286,7 +285,13 @@ def compose_tables(
         f"KV cache {target.kv_dtype} (assumed); a mixed batch's attention = context + generation kernels",
     ]
     if shape.is_moe:
-        notes.append(f"MoE routing: the {target.distribution} table")
+        notes.append(
+            f"MoE: AIConfigurator's {target.distribution} table, one rank's time at MoE TP "
+            f"{target.moe_tp_size} x EP {target.moe_ep} by the EP group's tokens"
+            + (f", dispatch + combine as an all-reduce over {target.tp * target.dp} GPUs"
+               if target.dp > 1 else "")
+            + "; priced as the table says (per EP rank)"
+        )  # fmt: skip
     if target.gemm_dtype in KERNEL_FAMILY or target.moe_dtype in KERNEL_FAMILY:
         notes.append(
             "8-bit weights: the fastest measured FP8 kernel (per-tensor or block-scaled) per operator"

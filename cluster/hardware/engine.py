@@ -31,6 +31,7 @@ import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, NamedTuple
 
+from cluster import size_limits as limits
 from cluster.core import ConfigError
 from cluster.hardware.model_shape import ModelShape
 
@@ -39,6 +40,23 @@ FIXED_RESERVE_BYTES = int(0.75 * GIB)
 VLLM_DEFAULT_UTILIZATION = 0.9
 RESERVE_SPREAD = (0.5, 2.0)  # the non-KV reserve: from half to twice the estimate
 MEMORY_SLACK = 0.03  # usable GPU memory below a nominal size, at most
+
+
+# Ceilings of the settings that size a replay (one engine per DP rank, KV blocks, seats).
+_CEILINGS = (
+    ("tensor_parallel_size", limits.TENSOR_PARALLEL),
+    ("data_parallel_size", limits.DATA_PARALLEL),
+    ("expert_parallel_size", limits.EXPERT_PARALLEL),
+    ("block_size", limits.BLOCK_SIZE),
+    ("max_num_seqs", limits.MAX_NUM_SEQS),
+    ("max_num_batched_tokens", limits.BATCHED_TOKENS),
+    ("num_gpu_blocks", limits.KV_BLOCKS),
+    ("gpu_memory_bytes", limits.GPU_MEMORY_BYTES),
+    ("max_model_len", limits.MODEL_LEN),
+    ("cuda_graph_max_batch", limits.CUDA_GRAPH_BATCH),
+    ("max_num_partial_prefills", limits.MAX_NUM_SEQS),
+    ("long_prefill_token_threshold", limits.Limit(0, limits.MODEL_LEN.hi, "tokens")),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +103,7 @@ class EngineSettings:
             "block_size",
         ):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"engine settings: {name} must be an integer >= 1, got {v!r}")
         for name in (
             "max_num_seqs",
@@ -94,12 +112,20 @@ class EngineSettings:
             "gpu_memory_bytes",
         ):
             v = getattr(self, name)
-            if v is not None and (not isinstance(v, int) or v < 1):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise ConfigError(
                     f"engine settings: {name} must be an integer >= 1 or unset, got {v!r}"
                 )
+        for name, limit in _CEILINGS:
+            limits.check(f"engine settings: {name}", getattr(self, name), limit)
+        if self.expert_parallel_size > self.tensor_parallel_size * self.data_parallel_size:
+            raise ConfigError(
+                "engine settings: expert_parallel_size must be at most tensor_parallel_size x "
+                f"data_parallel_size = {self.tensor_parallel_size * self.data_parallel_size}, "
+                f"got {self.expert_parallel_size}"
+            )
         u = self.gpu_memory_utilization
-        if u is not None and not 0.0 < u <= 1.0:
+        if u is not None and not (isinstance(u, int | float) and 0.0 < u <= 1.0):
             raise ConfigError(f"engine settings: gpu_memory_utilization must be in (0, 1], got {u}")
 
     @property

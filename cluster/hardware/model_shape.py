@@ -22,13 +22,45 @@ same way). It changes which attention kernel a decode runs (cluster.hardware.att
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cluster import size_limits as limits
 from cluster.core import ConfigError
+from cluster.input_files import load_json_document
+
+# Each dimension's ceiling; HF config names in messages where they differ from ours.
+_DIMENSIONS = (
+    ("num_layers", limits.LAYERS),
+    ("hidden_size", limits.HIDDEN_SIZE),
+    ("num_heads", limits.HEADS),
+    ("num_kv_heads", limits.HEADS),
+    ("head_dim", limits.HEAD_DIM),
+    ("intermediate_size", limits.INTERMEDIATE_SIZE),
+    ("vocab_size", limits.VOCAB_SIZE),
+    ("num_experts", limits.EXPERTS),
+    ("top_k", limits.EXPERTS),
+    ("moe_intermediate_size", limits.Limit(0, limits.INTERMEDIATE_SIZE.hi)),
+    ("num_shared_experts", limits.EXPERTS),
+    ("shared_expert_intermediate_size", limits.Limit(0, limits.INTERMEDIATE_SIZE.hi)),
+    ("num_dense_layers", limits.Limit(0, limits.LAYERS.hi)),
+    ("kv_lora_rank", limits.LATENT_DIM),
+    ("qk_rope_head_dim", limits.LATENT_DIM),
+)
+_HF_NAMES = {
+    "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads",
+    "num_kv_heads": "num_key_value_heads",
+    "top_k": "num_experts_per_tok",
+}
+
+
+def _field_name(name: str) -> str:
+    hf = _HF_NAMES.get(name)
+    return f"field {name!r} ({hf} in a HF config)" if hf else f"field {name!r}"
+
 
 DTYPE_BYTES = {
     "float32": 4,
@@ -66,6 +98,34 @@ class ModelShape:
     qk_rope_head_dim: int = 0
     dtype_bytes: int = 2
     sliding_window: int = 0  # attention window in tokens (0 = full attention)
+
+    def __post_init__(self) -> None:
+        """Every dimension within its ceiling (cluster.size_limits) and consistent: at least
+        one KV head and no more than there are heads, top-k within the experts; so KV bytes
+        per token and weights are positive and a config claiming 1e9 layers is refused."""
+        for name, limit in _DIMENSIONS:
+            limits.check(_field_name(name), getattr(self, name), limit)
+        if self.num_kv_heads > self.num_heads:
+            raise ConfigError(
+                f"{_field_name('num_kv_heads')} must be at most {_field_name('num_heads')} "
+                f"= {self.num_heads}, got {self.num_kv_heads}"
+            )
+        if self.num_experts and not 1 <= self.top_k <= self.num_experts:
+            raise ConfigError(
+                f"{_field_name('top_k')} must be in 1..{self.num_experts} (the routed experts), "
+                f"got {self.top_k}"
+            )
+        if not self.num_experts and self.top_k:
+            raise ConfigError(
+                f"{_field_name('top_k')} is {self.top_k} but the model has no experts"
+            )
+        if self.num_dense_layers > self.num_layers:
+            raise ConfigError(
+                f"num_dense_layers must be at most num_layers = {self.num_layers}, "
+                f"got {self.num_dense_layers}"
+            )
+        if self.dtype_bytes not in (1, 2, 4):
+            raise ConfigError(f"dtype_bytes must be 1, 2 or 4, got {self.dtype_bytes!r}")
 
     @property
     def is_moe(self) -> bool:
@@ -185,13 +245,14 @@ class ModelShape:
         mlp_only = cfg.get("mlp_only_layers") or []
         if experts and isinstance(mlp_only, list):
             dense += len(mlp_only)
-        return cls(
+        kwargs: dict[str, Any] = dict(
             name=str(cfg.get("_name_or_path") or cfg.get("name") or source),
             model_type=str(cfg.get("model_type", "")),
             num_layers=layers,
             hidden_size=hidden,
             num_heads=heads,
-            num_kv_heads=opt("num_key_value_heads") or heads,
+            # present and 0 is an error (need), absent means one KV head per head
+            num_kv_heads=need("num_key_value_heads") if "num_key_value_heads" in cfg else heads,
             head_dim=opt("head_dim") or hidden // heads,
             intermediate_size=need("intermediate_size", "ffn_dim"),
             vocab_size=need("vocab_size"),
@@ -208,16 +269,16 @@ class ModelShape:
             dtype_bytes=DTYPE_BYTES[dtype],
             sliding_window=window,
         )
+        try:
+            return cls(**kwargs)
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
 
     @classmethod
     def load(cls, path: str | Path) -> ModelShape:
+        """From a HF config.json file (read bounded: cluster.input_files)."""
         p = Path(path)
-        try:
-            doc = json.loads(p.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"model config {str(p)!r} does not exist") from None
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{p}: line {exc.lineno}: not valid JSON ({exc.msg})") from None
+        doc, _ = load_json_document(p, what="model config")
         if not isinstance(doc, dict):
             raise ConfigError(f"{p}: line 1: a model config is a JSON object")
         shape = cls.from_hf_config(doc, source=str(p))

@@ -192,6 +192,8 @@ class OperatorProfile:
                 link_source=str(doc.get("link_source") or ""),
                 calibration=doc.get("calibration"),
             )
+        except ConfigError as exc:  # a value past its ceiling, an impossible model
+            raise ConfigError(f"{source}: {exc}") from None
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"{source}: malformed {FORMAT} document ({exc!r})") from None
 

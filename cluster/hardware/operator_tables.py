@@ -7,10 +7,14 @@ in microseconds, one decoder layer's operators measured on one rank:
 - attention.csv (prefill_chunk, kv_prefill, n_decode, kv_decode, time_us): one attention
   call for a prefill chunk over kv_prefill cached tokens plus n_decode decodes with
   kv_decode cached tokens each (0 = none);
-- moe.csv (tokens, activated_experts, time_us), MoE models: the whole MoE block on one rank
-  holding the experts by tokens, each routed to top-k of the distinct experts touched
+- moe.csv (tokens, activated_experts, time_us), MoE models: the whole MoE block on one GPU
+  holding every expert, by tokens, each routed to top-k of the distinct experts touched
   (tokens x top-k expert-token pairs; a fractional count when an EP rank's tokens received
-  after dispatch are re-keyed to that, cluster.engines.torch.op_profile).
+  after dispatch are re-keyed to that, cluster.engines.torch.op_profile) (`moe_kind`
+  "one-gpu"; the pricer derives an EP rank's share). A table already timed on one EP rank
+  at the deployment's MoE TP/EP, by the EP group's tokens with its dispatch and combine
+  included (AIConfigurator's MoE table: cluster.hardware.aiconfigurator_profile), is
+  `moe_kind` "per-ep-rank" and is priced as it stands.
 
 `OperatorTables` sums the operators into what an iteration charges (seconds): per layer
 (every dense op once, `layernorm` twice: input and post-attention norm), per iteration
@@ -39,7 +43,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from cluster import size_limits as limits
 from cluster.core import ConfigError
+from cluster.input_files import InputFileError, iter_lines
 
 FloatArray = npt.NDArray[np.float64]
 US = 1e-6
@@ -47,6 +53,9 @@ PER_ITERATION = frozenset({"embedding", "final_layernorm"})
 REPLICATED = frozenset({"layernorm", "final_layernorm", "qk_norm", "embedding", "sampler"})
 PER_LAYER_COUNT = {"layernorm": 2}  # input_layernorm and post_attention_layernorm
 ATTENTION_COLUMNS = ("prefill_chunk", "kv_prefill", "n_decode", "kv_decode")
+MOE_KINDS = ("one-gpu", "per-ep-rank")
+MAX_KEY = int(limits.MODEL_LEN.hi)  # tokens, sequences or experts of one measured point
+MAX_TIME_US = 3.6e9  # an hour per operator call: anything longer is a broken measurement
 
 
 class ProfileError(ConfigError):
@@ -54,12 +63,9 @@ class ProfileError(ConfigError):
 
 
 def _rows(path: Path, header: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
+    """The CSV's rows with their line numbers, read bounded (cluster.input_files)."""
     try:
-        f = path.open(newline="")
-    except FileNotFoundError:
-        raise ProfileError(f"{path}: file is missing") from None
-    with f:
-        reader = csv.DictReader(f)
+        reader = csv.DictReader(iter_lines(path, what="profile CSV"))
         got = tuple(reader.fieldnames or ())
         missing = [c for c in header if c not in got]
         if missing:
@@ -68,6 +74,10 @@ def _rows(path: Path, header: tuple[str, ...]) -> Iterator[tuple[int, dict[str, 
             )
         for row in reader:
             yield reader.line_num, row
+    except InputFileError as exc:
+        raise ProfileError(f"{path}: file is missing" if exc.missing else str(exc)) from None
+    except csv.Error as exc:
+        raise ProfileError(f"{path}: line {reader.line_num}: not valid CSV ({exc})") from None
 
 
 def _number(path: Path, line: int, field: str, text: str | None, *, integer: bool = False) -> float:
@@ -75,10 +85,14 @@ def _number(path: Path, line: int, field: str, text: str | None, *, integer: boo
         value = float(text) if text is not None else float("nan")
     except ValueError:
         value = float("nan")
-    bad = not np.isfinite(value) or value < 0 or (integer and value != int(value))
-    if bad:
+    top = MAX_KEY if integer else MAX_TIME_US
+    if not np.isfinite(value) or value < 0 or (integer and value != int(value)):
         kind = "an integer >= 0" if integer else "a finite number >= 0"
         raise ProfileError(f"{path}: line {line}: field {field} must be {kind}, got {text!r}")
+    if value > top:
+        raise ProfileError(
+            f"{path}: line {line}: field {field} must be at most {top:g}, got {text!r}"
+        )
     return value
 
 
@@ -162,6 +176,14 @@ class OperatorTables:
     # FlashAttention version vLLM serves with on the profiled GPU (2, 3; 0 unknown):
     # cluster.hardware.attention_kernel
     fa_version: int = 0
+    # What the MoE rows time (MOE_KINDS): "one-gpu" (LLMServingSim's moe.csv: one GPU
+    # holding every expert, by tokens and activated experts) or "per-ep-rank" (one rank of
+    # the deployment's MoE TP/EP by the EP group's tokens, dispatch and combine included).
+    moe_kind: str = "one-gpu"
+
+    def __post_init__(self) -> None:
+        if self.moe_kind not in MOE_KINDS:
+            raise ConfigError(f"moe_kind {self.moe_kind!r} is not one of {', '.join(MOE_KINDS)}")
 
     @classmethod
     def load(
@@ -178,11 +200,14 @@ class OperatorTables:
             )
         factor = target / profiled_tp
         dense_ops = sorted(
-            {r["layer"].strip() for _, r in _rows(d / "dense.csv", ("layer", "tokens", "time_us"))}
+            {
+                (r["layer"] or "").strip()
+                for _, r in _rows(d / "dense.csv", ("layer", "tokens", "time_us"))
+            }
         )
         seq_ops = sorted(
             {
-                r["layer"].strip()
+                (r["layer"] or "").strip()
                 for _, r in _rows(d / "per_sequence.csv", ("layer", "sequences", "time_us"))
             }
         )
@@ -199,7 +224,7 @@ class OperatorTables:
         )
         seq = _per_key(d / "per_sequence.csv", "sequences", scale, dict.fromkeys(seq_ops, 1.0))
         att = cls._attention(d / "attention.csv", factor)
-        moe = cls._moe(d / "moe.csv", factor) if (d / "moe.csv").is_file() else None
+        moe = cls._moe(d / "moe.csv", factor) if (d / "moe.csv").exists() else None
 
         def table(m: dict[int, float]) -> Table1D:
             k = sorted(m)
@@ -262,6 +287,7 @@ class OperatorTables:
             "tp": self.tp,
             "attention_kind": self.attention_kind,
             "fa_version": self.fa_version,
+            "moe_kind": self.moe_kind,
         }
 
     @classmethod
@@ -283,4 +309,6 @@ class OperatorTables:
             int(doc.get("tp", 1)),
             str(kind),
             int(doc.get("fa_version", 0)),
+            # documents before the field: AIConfigurator's tables were per EP rank
+            str(doc.get("moe_kind") or ("per-ep-rank" if "aiconfigurator" in ops else "one-gpu")),
         )

@@ -21,6 +21,10 @@ decodes (sequences that reach lm_head):
   E/e experts, T*k/e of them times `expert_load_skew` (the busiest rank's pairs over the
   mean; 1 = balanced routing), so it is priced as the profile's T/e * skew tokens over the
   (E/e)*(1-(1-k/E)^T) = (E/e)*phi(T) distinct local experts the group's tokens touch.
+  A table timed per EP rank (`OperatorTables.moe_kind` "per-ep-rank": AIConfigurator's MoE
+  table, one rank of the deployment's MoE TP/EP by the T tokens entering the layer, its
+  routing distribution and, under attention DP, the dispatch and combine included) is
+  priced as it stands at T: no share, skew, TP split or expert exchange is added.
 - memory floor (with `memory_gbps`): one layer's attention reads the KV of every decode's
   context and every chunk's (cached plus new tokens); it takes at least those bytes over the
   GPU's memory bandwidth.
@@ -40,8 +44,9 @@ decodes (sequences that reach lm_head):
   latency + 2(t-1)/t * bytes / bandwidth; under EP per MoE layer a dispatch (all-gather of
   the group's hidden states and router logits, T*(hidden+E)*dtype bytes) and a combine
   (reduce-scatter of T*hidden*dtype bytes), latency + (e-1)/e * bytes / bandwidth each (a
-  ring). `link_gbps` and `link_latency_s` come from the run's recorded interconnect, else
-  they are assumptions (PCIe-class defaults), not measurements.
+  ring; none for a "per-ep-rank" MoE table, which includes it). `link_gbps` and
+  `link_latency_s` come from the run's recorded interconnect, else they are assumptions
+  (PCIe-class defaults), not measurements.
 
 Times are what the operators measured (eager mode, no CUDA graphs, no CPU scheduling time):
 the engine model adds what the profile lacks.
@@ -56,6 +61,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from cluster import size_limits as limits
+from cluster.core import ConfigError
 from cluster.hardware.attention_kernel import decode_kv_reads
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_tables import OperatorTables, Table1D
@@ -215,6 +222,25 @@ class Parallelism:
     link_latency_s: float = 10e-6
     expert_load_skew: float = 1.0
 
+    def __post_init__(self) -> None:
+        """Degrees and the link model within their ceilings (cluster.size_limits); NaN or
+        infinite values are refused here, so none reaches a profile's JSON."""
+        limits.TENSOR_PARALLEL.check("--tp", self.tp)
+        limits.DATA_PARALLEL.check("--dp", self.dp)
+        limits.EXPERT_PARALLEL.check("--ep", self.ep)
+        if self.ep > self.tp * self.dp:
+            raise ConfigError(
+                f"--ep must be at most --tp x --dp = {self.tp * self.dp}, got {self.ep}"
+            )
+        limits.LINK_GBPS.check("--link-gbps", self.link_gbps)
+        lat_us = (
+            self.link_latency_s * 1e6
+            if isinstance(self.link_latency_s, int | float)
+            else self.link_latency_s
+        )
+        limits.LINK_LATENCY_US.check("--link-latency-us", lat_us)
+        limits.EXPERT_LOAD_SKEW.check("--expert-load-skew", self.expert_load_skew)
+
 
 @dataclass(eq=False)
 class IterationPricer:
@@ -306,6 +332,9 @@ class IterationPricer:
         k, e_total = self.shape.top_k, self.shape.num_experts
         ep, tp = self.parallel.ep, self.parallel.tp
         group = tokens * self.parallel.dp if group_tokens is None else group_tokens
+        if self.tables.moe_kind == "per-ep-rank":
+            # already one rank's time at the deployment's MoE TP/EP for the group's tokens
+            return self._moe(group, e_total / max(ep, 1))
         if ep > 1:
             # pairs on the busiest rank / k: the profile's tokens of the same GEMM work
             local = group / ep * self.parallel.expert_load_skew
@@ -335,8 +364,8 @@ class IterationPricer:
     def expert_exchange_time(self, group_tokens: float) -> float:
         """Seconds of one MoE layer's dispatch and combine over the EP group (module doc)."""
         p, s = self.parallel, self.shape
-        if p.ep <= 1 or not s.is_moe or group_tokens <= 0:
-            return 0.0
+        if p.ep <= 1 or not s.is_moe or group_tokens <= 0 or self.tables.moe_kind == "per-ep-rank":
+            return 0.0  # a per-EP-rank MoE table includes its dispatch and combine
         share = (p.ep - 1) / p.ep / (p.link_gbps * 1e9)
         dispatch = group_tokens * (s.hidden_size + s.num_experts) * s.dtype_bytes
         combine = group_tokens * s.hidden_size * s.dtype_bytes

@@ -29,7 +29,6 @@ the measured-grid iteration pricer an engine model prices mixed batches with.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -43,6 +42,7 @@ from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_profile import FORMAT as OPERATOR_FORMAT
 from cluster.hardware.operator_profile import OperatorProfile
 from cluster.hardware.pricer import IterationPricer
+from cluster.input_files import load_json_document
 from models import DecodeModel, NodeModel, PrefillModel, phi
 
 
@@ -229,10 +229,7 @@ def load_profile(spec: str, *, base: str = "gb300") -> HardwareProfile:
         raise ConfigError(
             f"unknown profile {spec!r}: use one of {', '.join(PRESETS)} or a path to a fit JSON"
         )
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{path}: not a `pdlab fit --json` document ({e})") from None
+    doc, _ = load_json_document(path, what="profile")  # bounded: cluster.input_files
     if isinstance(doc, dict) and doc.get("format") == OPERATOR_FORMAT:
         return from_operator_profile(OperatorProfile.from_json(doc, str(path)), base=base)
     return from_fit_doc(doc, str(path), PRESETS[base])

@@ -6,6 +6,8 @@ loop, so every hook the loader binds is wrapped by `GuardedHook`:
 - an exception, `SystemExit` included, becomes a `PolicyError` naming the policy, the hook
   and the simulated time `now` (the hook's last argument) with the original message; a
   `KeyboardInterrupt` passes through untouched (the user stopped the run);
+- `os._exit` or `os.abort` called in a hook raises there instead of ending the process, and
+  fails the run the same way, even if the hook catches it (exit_trap.py);
 - a call that runs longer than `budget_s` wall seconds is stopped and fails the run.
 
 How a hook in an infinite loop is stopped: one watchdog thread per process checks the armed
@@ -36,8 +38,10 @@ from types import FrameType
 from typing import Any
 
 from cluster.core import ConfigError
+from cluster.policies import exit_trap
 from cluster.policies.errors import PolicyError
 
+_NO_EXIT = "(a policy hook may not end the process)"
 DEFAULT_HOOK_BUDGET_S = 10.0  # wall seconds one hook call may take before the run fails
 _IDLE_EXIT_S = 5.0  # the watchdog thread ends after this long without armed calls
 # The watchdog checks armed calls every budget/20 of the smallest budget, at least every 0.5 s:
@@ -198,6 +202,7 @@ class GuardedHook:
         self.policy = policy
         self.hook = hook
         self.budget_s = budget_s
+        exit_trap.install()
         if budget_s is not None:
             WATCHDOG.install_handler()
 
@@ -214,6 +219,21 @@ class GuardedHook:
         )
 
     def __call__(self, *args: Any) -> Any:
+        state = exit_trap.STATE
+        depth = state.depth
+        state.depth = depth + 1
+        try:
+            result = self._call(args)
+        finally:
+            state.depth = depth
+            attempted = state.attempted
+            if attempted is not None and depth == 0:
+                state.attempted = None
+        if attempted is not None and depth == 0:  # it caught HookExitAttempt and returned
+            raise PolicyError(f"{self._where(args)}: called {attempted} {_NO_EXIT}")
+        return result
+
+    def _call(self, args: tuple[Any, ...]) -> Any:
         if self.budget_s is None:
             try:
                 return self.fn(*args)
@@ -243,6 +263,8 @@ class GuardedHook:
     def _failed(self, args: tuple[Any, ...], exc: BaseException) -> PolicyError:
         if isinstance(exc, SystemExit):
             what = f"called sys.exit({exc.code!r}) (a policy hook may not end the run)"
+        elif isinstance(exc, exit_trap.HookExitAttempt):
+            what = f"called {exc.what} {_NO_EXIT}"
         elif isinstance(exc, PolicyError):
             what = str(exc)
         else:

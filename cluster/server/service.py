@@ -114,7 +114,13 @@ class ControlService:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=30)
-        return self._stop_engines()
+        try:
+            return self._stop_engines()
+        except Exception as exc:  # e.g. the run's telemetry could not be stored whole
+            log.error("stopping the run failed: %s: %s", type(exc).__name__, exc)
+            if self.failure is None:
+                self.failure = f"stopping the run failed: {type(exc).__name__}: {exc}"
+            return self.summary
 
     def _stop_engines(self) -> dict[str, Any] | None:
         with self._stopping:
@@ -294,8 +300,9 @@ class ControlService:
             snap["branches_active"] = len(cp.active_branches())
             decision = cp.planner_settings().last_decision
             snap["planner_decision"] = None if decision is None else decision_json(decision)
-            for n in snap["nodes"]:
-                n["directory_blocks"] = cp.node_blocks(n["id"])
+            snap["nodes"] = [
+                {**n, "directory_blocks": cp.node_blocks(n["id"])} for n in snap["nodes"]
+            ]
             return snap
 
     # ---- mutations -----------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from cluster import size_limits as limits
 from cluster.core import ConfigError
 from cluster.hardware.engine import GIB, EngineSettings
 from cluster.hardware.profiles import HardwareProfile
@@ -197,6 +198,33 @@ class SimConfig:
             raise ConfigError(
                 f"unknown eviction {self.eviction!r}; choose one of: {', '.join(EVICTION_POLICIES.names())}"
             )
+        self._validate_sizes()  # ceilings last: the checks above say more at the low end
+
+    def _validate_sizes(self) -> None:
+        """Every count and size against its ceiling (cluster.size_limits), before anything
+        is allocated: a typo must not build a hundred million agents."""
+        for flag, value, limit in (
+            ("--nodes", self.nodes, limits.NODES),
+            ("--arrival-rate", self.arrival_rate_per_min, limits.ARRIVAL_RATE_PER_MIN),
+            ("--max-active", self.max_active, limits.MAX_ACTIVE),
+            ("--max-programs", self.max_programs, limits.MAX_PROGRAMS),
+            ("--duration", self.duration_s, limits.SIM_SECONDS),
+            ("--warmup", self.warmup_s, limits.SIM_SECONDS),
+            ("--learn", self.learn_s, limits.SIM_SECONDS),
+            ("--relaunch", self.relaunch_s, limits.SIM_SECONDS),
+            ("--window", self.window_s, limits.SIM_SECONDS),
+            ("--cooldown", self.cooldown_s, limits.SIM_SECONDS),
+            ("stagger_s", self.stagger_s, limits.SIM_SECONDS),
+            ("planner_tick_s", self.planner_tick_s, limits.SIM_SECONDS),
+            ("--l1-tokens", self.l1_tokens, limits.KV_TOKENS),
+            ("--l2-tokens", self.l2_tokens, limits.KV_TOKENS),
+            ("--max-num-seqs", self.max_num_seqs, limits.MAX_NUM_SEQS),
+            ("--max-num-batched-tokens", self.max_num_batched_tokens, limits.BATCHED_TOKENS),
+            ("--gpu-memory-gib", self.gpu_memory_gib, limits.GPU_MEMORY_GIB),
+            ("--hook-budget", self.hook_budget_s, limits.HOOK_BUDGET_S),
+        ):
+            limits.check(flag, value, limit)
+        limits.check_agents("--agents", self.agents, self.nodes)
 
     def _validate_engine_limits(self) -> None:
         for flag, v in (

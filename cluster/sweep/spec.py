@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from cluster import size_limits
 from cluster.core import ConfigError
 from cluster.sim.simulator import SimConfig
 from cluster.workloads import trace_last_arrival_s
@@ -59,6 +60,15 @@ class SweepSpec:
             _check_dist(axis, dist)
         if not self.seeds:
             raise ConfigError("seeds must name at least one seed")
+        self.num_runs()
+
+    def num_runs(self) -> int:
+        """Grid points x draws x seeds, checked against its ceiling (cluster.size_limits)
+        before `expand` builds the list."""
+        runs = math.prod(len(v) for v in self.grid.values()) * max(self.samples, 1)
+        runs *= len(self.seeds)
+        size_limits.SWEEP_RUNS.check("the sweep's runs (grid points x samples x seeds)", runs)
+        return runs
 
 
 class SweepPoint(NamedTuple):

@@ -12,13 +12,13 @@ estimated as ceil(characters / 4); identical system prompts share one segment ac
 
 from __future__ import annotations
 
-import gzip
 import json
 import math
 from pathlib import Path
 from typing import Any
 
 from cluster.core import ConfigError
+from cluster.input_files import head_text, iter_lines, parse_json
 from cluster.workloads import trace_fields as fields
 from cluster.workloads.builder import ProgramBuilder
 from cluster.workloads.program import Program, Segment, SegmentIds
@@ -29,8 +29,7 @@ SYSTEM_PROMPT_BASE = 1_000  # shared ids of distinct system prompts (below TRACE
 
 def is_continuum(path: Path) -> bool:
     """A JSON list whose first element has `messages` (cheap check on the file's start)."""
-    with gzip.open(path, "rt") if path.suffix.lower() == ".gz" else path.open() as f:
-        head = f.read(4_096).lstrip()
+    head = head_text(path, 4_096, decompress=True).lstrip()
     return head.startswith("[") and '"messages"' in head
 
 
@@ -46,10 +45,8 @@ def estimate_tokens(msg: dict[str, Any]) -> int:
 def read_continuum(
     path: Path, ids: SegmentIds, limit: int = 0, max_tokens: int = fields.MAX_REQUEST_TOKENS
 ) -> list[Program]:
-    try:
-        trajectories = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    text = "".join(iter_lines(path, decompress=True, what="trace"))
+    trajectories = parse_json(text, path)
     if not isinstance(trajectories, list):
         raise ConfigError(f"{path}: expected a JSON list of trajectories")
     systems: dict[str, int] = {}
@@ -61,9 +58,10 @@ def read_continuum(
         if isinstance(msgs, str):
             try:
                 msgs = json.loads(msgs)
-            except json.JSONDecodeError as exc:
+            except (ValueError, RecursionError) as exc:
+                why = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
                 raise ConfigError(
-                    f"{path}: trajectory {k}: messages: not valid JSON ({exc.msg})"
+                    f"{path}: trajectory {k}: messages: not valid JSON ({why})"
                 ) from None
         if not isinstance(msgs, list):
             raise ConfigError(f"{path}: trajectory {k} has no 'messages' list")

@@ -36,17 +36,18 @@ it starts over when they run out, giving repeated programs fresh ids for their p
 
 from __future__ import annotations
 
+import contextlib
 import csv
-import gzip
 import json
 import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from cluster.core import ConfigError
+from cluster.input_files import check_input_file, iter_lines
 from cluster.workloads import trace_fields as fields
 from cluster.workloads.builder import ProgramBuilder
 from cluster.workloads.continuum import is_continuum, read_continuum
@@ -94,14 +95,22 @@ def resolve_trace_path(spec: str | os.PathLike[str]) -> Path:
     for candidate in tried:
         if candidate.is_file():
             return candidate
+        if candidate.exists() and not candidate.is_dir():  # a FIFO, a device: refused
+            return check_input_file(candidate, "trace")  # unless special files are allowed
     raise ConfigError(f"trace file {str(spec)!r} not found (tried: {', '.join(map(str, tried))})")
 
 
-def open_text(path: Path, newline: str | None = None) -> IO[str]:
-    """Open a trace for reading text, decompressing `.gz` files."""
-    if path.suffix.lower() == ".gz":
-        return gzip.open(path, "rt", newline=newline)
-    return path.open(newline=newline)
+@contextlib.contextmanager
+def open_text(path: Path, newline: str | None = None) -> Iterator[Iterator[str]]:
+    """A trace's lines (each with its '\\n'), decompressing `.gz` files, read bounded
+    (cluster.input_files: a regular file, at most the data cap of text, UTF-8). Lines split
+    at '\\n' and keep a '\\r' before it, what csv wants (`newline` is accepted for callers
+    of the file-object version and changes nothing)."""
+    lines = iter_lines(path, decompress=True, what="trace")
+    try:
+        yield lines
+    finally:
+        lines.close()
 
 
 def _suffix(path: Path) -> str:
@@ -112,7 +121,7 @@ def _suffix(path: Path) -> str:
 def sniff(path: Path) -> str:
     """The trace format of `path`, from its extension and first record."""
     if _suffix(path) == ".csv":
-        with open_text(path, newline="") as f:
+        with open_text(path) as f:
             header = next(csv.reader(f), [])
         if set(AZURE_KEYS) <= {h.strip() for h in header}:
             return "azure"
@@ -138,7 +147,7 @@ def _first_record(path: Path) -> Any:
             if line.strip():
                 try:
                     return json.loads(line)
-                except json.JSONDecodeError:
+                except (ValueError, RecursionError):  # not JSON: sniff says unrecognised
                     return None
     return None
 
@@ -152,6 +161,9 @@ def _json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 rec = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise ConfigError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
+            except (ValueError, RecursionError) as exc:  # long integers, deep nesting
+                why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+                raise ConfigError(f"{path}:{n}: not valid JSON ({why})") from None
             if not isinstance(rec, dict):
                 raise ConfigError(f"{path}:{n}: expected a JSON object per line")
             yield n, rec
@@ -433,7 +445,7 @@ class TraceSource:
         path = self.path
         programs: list[Program] = []
         skipped = 0
-        with open_text(path, newline="") as f:
+        with open_text(path) as f:
             for n, row in enumerate(csv.DictReader(f), 2):
                 if self.params.limit and len(programs) >= self.params.limit:
                     break

@@ -165,3 +165,33 @@ def test_a_row_faster_than_its_memory_floor_is_flagged(run: tuple[list[RowResult
     s = summarize([bad, *ok[1:]], aic_on=False)
     assert s["consistent"]["flagged"] == 1 and s["consistent"]["rows"] == len(ok) - 1
     assert s["all"]["rows"] == len(ok)
+
+
+def test_a_stated_cpu_overhead_lengthens_every_iteration(
+    run: tuple[list[RowResult], dict],
+) -> None:
+    """`--cpu-overhead 1`: vidur's A100 schedule + prepare_inputs per iteration, named with its
+    source in the summary; every replayed row's TTFT and TPOT grow, none by more than the
+    overhead's own size allows."""
+    base, s0 = run
+    assert s0["assumptions"]["cpu_overhead"]["factor"] == 0.0
+    res = CliRunner().invoke(app, ["validate", "silicon", str(CSV), "--aic-systems", str(SYSTEMS),
+                                   "--model-configs", str(CONFIGS), "--no-aic", "--json",
+                                   "--cpu-overhead", "1"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    cpu = doc["assumptions"]["cpu_overhead"]
+    assert cpu["per_iteration_s"] == pytest.approx(0.189e-3) and "vidur" in cpu["source"]
+    again, _ = validate_silicon(
+        CSV, systems_dir=SYSTEMS, model_dirs=[CONFIGS], use_aic=False, cpu_overhead=1.0
+    )
+    for a, b in zip(base, again, strict=True):
+        if a.pdlab_ok:
+            # a decode step gains 0.189 ms + 3.68 us per sequence it holds (<= concurrency)
+            step = 0.189 + 3.68e-3 * a.concurrency
+            assert 0.0 < b.pdlab_tpot_ms - a.pdlab_tpot_ms <= step * 1.05
+            assert b.pdlab_ttft_ms > a.pdlab_ttft_ms
+    wrong = CliRunner().invoke(app, ["validate", "silicon", "--cpu-overhead", "-1", "--no-aic"])
+    assert wrong.exit_code == 2
+    elsewhere = CliRunner().invoke(app, ["validate", "x.duckdb", "--cpu-overhead", "1"])
+    assert elsewhere.exit_code == 2 and "--cpu-overhead" in elsewhere.output

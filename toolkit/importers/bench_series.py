@@ -12,7 +12,9 @@ They become `reference_series` rows (source 'real', scope 'cluster'). The logger
 starts when it does, which the recorded files place at the first arrival to within a tick
 (its running and waiting counts agree best with those rebuilt from the requests' engine
 timestamps at offset 0: compare them to ±1 tick). A file that is missing is no error (the
-run has no series); a malformed one is, naming the line and column.
+run has no series); a malformed one is, naming the line and column. The file is read bounded
+like every input (cluster.input_files: regular file, size cap, UTF-8 without NUL), and a
+tick's time is a duration inside the run (at most MAX_SPAN_S).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from toolkit.importers.fields import ImportFileError
+from cluster.input_files import InputFileError, iter_lines
+from toolkit.importers.fields import MAX_SPAN_S, ImportFileError, _as_import_error
 
 # reference_series metric <- timeseries.csv column (in the order they are stored)
 COLUMNS = {
@@ -41,23 +44,32 @@ def read_series(path: Path) -> tuple[dict[str, list[Any]] | None, dict[str, Any]
     the file."""
     if not path.is_file():
         return None, None
-    with path.open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        header = reader.fieldnames or []
+    out: dict[str, list[Any]] = {k: [] for k in ("source", "scope", "node_id", "metric")}
+    out |= {"t": [], "value": []}
+    ticks = 0
+    try:
+        reader = csv.DictReader(iter_lines(path, what="series CSV"))
+        header = list(reader.fieldnames or [])
         absent = [c for c in REQUIRED if c not in header]
         if absent:
             raise ImportFileError(path, 1, absent[0], f"column missing (header: {header})")
         cols = [(m, c) for m, c in COLUMNS.items() if c in header]
-        out: dict[str, list[Any]] = {k: [] for k in ("source", "scope", "node_id", "metric")}
-        out |= {"t": [], "value": []}
-        ticks = 0
-        for line, row in enumerate(reader, 2):
+        for row in reader:
+            line = reader.line_num
             t = _number(path, line, "t", row.get("t"))
+            if t > MAX_SPAN_S:
+                raise ImportFileError(
+                    path, line, "t", f"expected at most {MAX_SPAN_S:g} s, got {t:g}"
+                )
             for metric, col in cols:
                 out["metric"].append(metric)
                 out["t"].append(t)
                 out["value"].append(_number(path, line, col, row.get(col)))
             ticks += 1
+    except InputFileError as exc:
+        raise _as_import_error(exc) from None
+    except csv.Error as exc:
+        raise ImportFileError(path, reader.line_num, None, f"not valid CSV ({exc})") from None
     n = len(out["t"])
     out["source"], out["scope"], out["node_id"] = ["real"] * n, ["cluster"] * n, [None] * n
     info = {

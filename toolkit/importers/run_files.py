@@ -9,6 +9,7 @@ finds. JSON files that are not vLLM results are listed as skipped, with the reas
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Literal, NamedTuple
 
@@ -32,7 +33,8 @@ def find_runs(path: str | Path) -> tuple[list[FoundRun], list[tuple[Path, str]]]
     p = Path(path)
     if p.is_file():
         return [FoundRun("vllm-result", p)], []
-    if is_lss_dir(p):
+    if is_lss_dir(p) or any(os.path.lexists(p / n) for n in ("meta.json", "requests.jsonl")):
+        # the layout given directly, even broken: its importer names what is wrong with it
         return [FoundRun("lss-bench", p)], []
     found: list[FoundRun] = []
     skipped: list[tuple[Path, str]] = []

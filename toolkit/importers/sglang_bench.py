@@ -22,7 +22,6 @@ chunked_prefill_size, page_size, max_total_num_tokens, mem_fraction_static, ...)
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from datetime import UTC, datetime
@@ -32,7 +31,15 @@ from typing import Any
 from cluster.hardware.engine import EngineSettings
 from cluster.hardware.model_shape import ModelShape
 from toolkit.importers.bench_run import BenchRun
-from toolkit.importers.fields import Fields, ImportFileError, load_json
+from toolkit.importers.fields import (
+    MAX_SPAN_S,
+    MAX_TIMESTAMP_S,
+    MAX_TOKENS,
+    Fields,
+    ImportFileError,
+    json_lines,
+    load_json,
+)
 
 PER_REQUEST = ("input_lens", "output_lens", "ttfts", "itls")
 
@@ -55,6 +62,11 @@ def server_settings(path: str | Path) -> EngineSettings:
                 return getattr(f, kind)(key, **kw)
         return None
 
+    with top.naming_errors():  # a ceiling of cluster.size_limits
+        return _server_settings(get, top)
+
+
+def _server_settings(get: Any, top: Fields) -> EngineSettings:
     tp = get("integer", "tp_size", minimum=1) or 1
     dp = get("integer", "dp_size", minimum=1) or 1
     page = get("integer", "page_size", minimum=1) or 1
@@ -106,11 +118,23 @@ def _arrays(f: Fields) -> dict[str, list[Any]]:
     return out
 
 
-def _num(f: Fields, key: str, i: int, v: Any, *, integer: bool = False) -> float:
-    ok = not isinstance(v, bool) and isinstance(v, int | float) and math.isfinite(v) and v >= 0
-    if not ok or (integer and not float(v).is_integer()):
+def _num(
+    f: Fields, key: str, i: int, v: Any, *, integer: bool = False, maximum: float = MAX_SPAN_S
+) -> float:
+    """Entry i of a per-request array: a finite number (an integer) in [0, maximum]."""
+    ok = not isinstance(v, bool) and isinstance(v, int | float)
+    if ok and integer:
+        ok = isinstance(v, int) or (math.isfinite(v) and v.is_integer())
+    try:
+        ok = ok and math.isfinite(float(v)) and v >= 0
+    except OverflowError:  # an integer beyond a float's range
+        ok = False
+    shown = repr(v) if len(repr(v)) <= 40 else repr(v)[:37] + "..."
+    if not ok:
         kind = "an integer >= 0" if integer else "a finite number >= 0"
-        raise f.fail(f"{key}[{i}]", f"expected {kind}, got {v!r}")
+        raise f.fail(f"{key}[{i}]", f"expected {kind}, got {shown}")
+    if v > maximum:
+        raise f.fail(f"{key}[{i}]", f"must be at most {maximum:g}, got {shown}")
     return float(v)
 
 
@@ -131,7 +155,10 @@ def _run(
     )
     arrivals = "recorded" if "start_times" in a else "burst" if burst else "unknown"
     starts = (
-        [_num(f, "start_times", i, v) for i, v in enumerate(a["start_times"])]
+        [
+            _num(f, "start_times", i, v, maximum=MAX_TIMESTAMP_S)
+            for i, v in enumerate(a["start_times"])
+        ]
         if "start_times" in a
         else []
     )
@@ -148,10 +175,11 @@ def _run(
         moe_experts=shape.num_experts if shape and shape.is_moe else 0,
     )
     failed = 0
+    errors = a.get("errors")
     for i in range(len(a["input_lens"])):
-        t_in = _num(f, "input_lens", i, a["input_lens"][i], integer=True)
-        t_out = _num(f, "output_lens", i, a["output_lens"][i], integer=True)
-        err = a.get("errors", [""] * (i + 1))[i]
+        t_in = _num(f, "input_lens", i, a["input_lens"][i], integer=True, maximum=MAX_TOKENS)
+        t_out = _num(f, "output_lens", i, a["output_lens"][i], integer=True, maximum=MAX_TOKENS)
+        err = errors[i] if errors is not None else ""
         ttft = a["ttfts"][i]
         if err or not ttft:
             failed += 1
@@ -164,7 +192,15 @@ def _run(
         e2e = _num(f, "latencies", i, a["latencies"][i]) if "latencies" in a else ttft + sum(gaps)
         if e2e < ttft - 1e-9:
             raise f.fail(f"latencies[{i}]", f"{e2e} is shorter than its TTFT {ttft}")
+        if t_out < 1:  # a completed request generated a token; 0 would be stored as 1
+            raise f.fail(f"output_lens[{i}]", "0 for a request with a first token")
         t0 = starts[i] - s0 if starts else 0.0
+        if t0 + e2e > MAX_SPAN_S:
+            raise f.fail(
+                f"latencies[{i}]",
+                f"the request ends {t0 + e2e:g} s after the first send (allowed: at most "
+                f"{MAX_SPAN_S:g} s)",
+            )
         rid = f"{run_id}-{i}"
         run.add_request(
             request_id=rid,
@@ -176,7 +212,7 @@ def _run(
             t_in=int(t_in),
             t_c=0,
             t_fetch=0,
-            t_out=max(int(t_out), 1),
+            t_out=int(t_out),
             t_first_token=t0 + ttft,
             t_done=t0 + max(e2e, ttft),
             t_sent=t0 if starts else None,
@@ -225,21 +261,9 @@ def read_sglang_bench(
 ) -> list[BenchRun]:
     """One BenchRun per line with per-request arrays (ImportFileError names file, line, field)."""
     p = Path(path)
-    try:
-        lines = p.read_text().splitlines()
-    except FileNotFoundError:
-        raise ImportFileError(p, 0, None, "file is missing") from None
     settings = server_settings(server_info) if server_info is not None else None
     shape = ModelShape.load(model_config) if model_config is not None else None
-    objs: list[tuple[int, Fields]] = []
-    for i, raw in enumerate(lines, 1):
-        if not raw.strip():
-            continue
-        try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise ImportFileError(p, i, None, f"not valid JSON ({exc.msg})") from None
-        objs.append((i, Fields(obj, p, i)))
+    objs = [(i, Fields(obj, p, i)) for i, obj in json_lines(p)]
     if not objs:
         raise ImportFileError(p, 1, None, "no benchmark results")
     detailed = [(i, f) for i, f in objs if f.has("input_lens")]
@@ -252,7 +276,7 @@ def read_sglang_bench(
     runs = []
     for i, f in detailed:
         rid = base if len(detailed) == 1 else f"{base}-{i}"
-        duration = f.number("duration") or 0.0
+        duration = f.seconds("duration") or 0.0
         started = datetime.fromtimestamp(
             mtime.replace(tzinfo=UTC).timestamp() - duration, UTC
         ).replace(tzinfo=None)

@@ -39,16 +39,16 @@ difference).
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from cluster import size_limits as limits
 from cluster.hardware.engine import GIB, EngineSettings
 from cluster.hardware.model_shape import ModelShape
 from toolkit.importers.bench_run import BenchRun
 from toolkit.importers.bench_series import read_series
-from toolkit.importers.fields import Fields, ImportFileError, load_json
+from toolkit.importers.fields import MAX_SPAN_S, Fields, ImportFileError, json_lines, load_json
 
 SAME_CLOCK_S = 100_000.0  # two timestamps within ~a day are on one clock (bench validate.py)
 ORDER_SLACK_S = 1e-6
@@ -82,8 +82,8 @@ def _engine(meta: Fields) -> tuple[EngineSettings, bool]:
         u = where.number("gpu_memory_utilization") if where else None
         if where is not None and u is not None and not 0 < u <= 1:
             raise where.fail("gpu_memory_utilization", f"must be in (0, 1], got {u}")
-    tp = kw.integer("tensor_parallel_size", minimum=1) or 1
-    dp = kw.integer("data_parallel_size", minimum=1) or 1
+    tp = kw.integer("tensor_parallel_size", minimum=1, maximum=int(limits.TENSOR_PARALLEL.hi)) or 1
+    dp = kw.integer("data_parallel_size", minimum=1, maximum=int(limits.DATA_PARALLEL.hi)) or 1
     ep = bool(kw.boolean("enable_expert_parallel"))
     eager = model_cfg.boolean("enforce_eager") if model_cfg else None
     graphs = comp.integer("max_cudagraph_capture_size", minimum=0) if comp else None
@@ -212,9 +212,9 @@ def _started_at(meta: Fields, first_send: float | None) -> datetime:
     if text:
         try:
             ts = datetime.fromisoformat(text.replace("Z", "+00:00"))
-        except ValueError:
-            raise meta.fail("started_at", f"not an ISO 8601 time: {text!r}") from None
-        return ts.astimezone(UTC).replace(tzinfo=None) if ts.tzinfo else ts
+            return ts.astimezone(UTC).replace(tzinfo=None) if ts.tzinfo else ts
+        except (ValueError, OverflowError):
+            raise meta.fail("started_at", f"not an ISO 8601 time: {text[:40]!r}") from None
     if first_send is not None:
         return datetime.fromtimestamp(first_send, UTC).replace(tzinfo=None)
     return datetime(1970, 1, 1)
@@ -225,17 +225,7 @@ def _requests(path: Path, dp: int) -> tuple[list[dict[str, Any]], list[str]]:
     rows: list[dict[str, Any]] = []
     failed: list[str] = []
     seen: dict[str, int] = {}
-    try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
-        raise ImportFileError(path, 0, None, "file is missing") from None
-    for i, raw in enumerate(lines, 1):
-        if not raw.strip():
-            continue
-        try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise ImportFileError(path, i, None, f"not valid JSON ({exc.msg})") from None
+    for i, obj in json_lines(path):
         f = Fields(obj, path, i)
         rid = f.string("request_id", required=True)
         assert rid is not None
@@ -245,12 +235,12 @@ def _requests(path: Path, dp: int) -> tuple[list[dict[str, Any]], list[str]]:
         row: dict[str, Any] = {
             "line": i,
             "request_id": rid,
-            "t_in": f.integer("input_toks", required=True, minimum=1),
-            "t_out": f.integer("output_toks", required=True, minimum=1),
-            "arrival_time": f.number("arrival_time"),
+            "t_in": f.tokens("input_toks", required=True, minimum=1),
+            "t_out": f.tokens("output_toks", required=True, minimum=1),
+            "arrival_time": f.timestamp("arrival_time"),
             "dp_rank": f.integer("dp_rank") or 0,
             "dp_rank_recorded": obj.get("dp_rank") is not None,
-            **{k: f.number(k) for k in TIMESTAMPS},
+            **{k: f.timestamp(k) for k in TIMESTAMPS},
         }
         if row["dp_rank"] >= dp:
             raise f.fail("dp_rank", f"{row['dp_rank']} but data_parallel_size is {dp}")
@@ -271,6 +261,10 @@ def _requests(path: Path, dp: int) -> tuple[list[dict[str, Any]], list[str]]:
         rows.append(row)
     if not rows and not failed:
         raise ImportFileError(path, 1, None, "no requests")
+    if not rows:  # as the sglang-bench importer: a run without a completed request has no metrics
+        raise ImportFileError(
+            path, 1, None, f"all {len(failed)} requests failed (no first or last token time)"
+        )
     return rows, failed
 
 
@@ -287,7 +281,8 @@ def read_vllm_bench(
     meta_path = d / "meta.json"
     doc, text = load_json(meta_path)
     meta = Fields(doc, meta_path, None, text)
-    settings, is_moe = _engine(meta)
+    with meta.naming_errors("engine_kwargs"):  # a ceiling of cluster.size_limits
+        settings, is_moe = _engine(meta)
     shape = ModelShape.load(model_config) if model_config is not None else None
     if shape is None and is_moe:
         raise meta.fail(
@@ -314,6 +309,16 @@ def read_vllm_bench(
                 d / "requests.jsonl", r["line"], anchor, "missing (the arrival anchor of this run)"
             )
     t0 = min((r[anchor] for r in rows), default=0.0)
+    for r in rows:  # metrics of a run longer than the span ceiling mean nothing
+        end = r["last_token_ts"] - t0
+        if end > MAX_SPAN_S:
+            raise ImportFileError(
+                d / "requests.jsonl",
+                r["line"],
+                "last_token_ts",
+                f"{end:g} s after the run's first arrival (allowed: at most {MAX_SPAN_S:g} s; "
+                "a clock reading from another clock?)",
+            )
     sends = [r["arrival_time"] for r in rows if r["arrival_time"] is not None]
     s0 = min(sends) if sends and not on_engine else None
     run = BenchRun(

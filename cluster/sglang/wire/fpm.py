@@ -123,6 +123,7 @@ class DetailedForwardPassMetrics(ForwardPassMetrics, frozen=True, gc=False):
     pdlab: PassDetail | None = None
 
 
+MAX_COUNT = (1 << 63) - 1  # what a BIGINT column holds
 _ENCODER = msgspec.msgpack.Encoder()
 # Decodes SGLang's messages and the detailed ones alike (pdlab is None when absent).
 _DECODER = msgspec.msgpack.Decoder(DetailedForwardPassMetrics)
@@ -138,6 +139,8 @@ def decode_fpm(payload: bytes) -> ForwardPassMetrics:
         m = _DECODER.decode(payload)
     except msgspec.DecodeError as e:
         raise WireError(f"forward-pass metrics payload is invalid: {e}") from None
+    except RecursionError:  # msgpack nested deeper than the decoder's stack
+        raise WireError("forward-pass metrics payload is nested too deeply") from None
     for name, value in (
         ("wall_time", m.wall_time),
         *(
@@ -145,10 +148,16 @@ def decode_fpm(payload: bytes) -> ForwardPassMetrics:
             for k, v in msgspec.structs.asdict(m.scheduled_requests).items()
         ),
     ):
-        if not (math.isfinite(value) and value >= 0):
+        if not (math.isfinite(value) and 0 <= value <= MAX_COUNT):
             raise WireError(
-                f"forward-pass metrics {name} is {value!r}; allowed: a finite number >= 0"
+                f"forward-pass metrics {name} is {value!r:.40}; allowed: a finite number in "
+                f"[0, 2^63) (the telemetry columns are 64-bit)"
             )
+    detail = getattr(m, "pdlab", None)
+    if detail is not None:
+        counts = [detail.t_rst, *(detail.experts_per_layer or ())]
+        if not (math.isfinite(detail.attn_pairs) and all(0 <= c <= MAX_COUNT for c in counts)):
+            raise WireError("forward-pass metrics pdlab detail holds a value outside [0, 2^63)")
     return m
 
 

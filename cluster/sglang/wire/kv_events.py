@@ -262,6 +262,8 @@ class BatchDecoder:
             raw = msgspec.msgpack.decode(payload)
         except msgspec.DecodeError as e:
             raise WireError(f"KV event payload is not msgpack: {e}") from None
+        except RecursionError:  # nested deeper than the decoder's stack
+            raise WireError("KV event payload is nested too deeply") from None
         if isinstance(raw, list | tuple):
             if len(raw) < 2:
                 raise WireError(f"KV event batch array needs [ts, events, ...], got {raw!r:.80}")

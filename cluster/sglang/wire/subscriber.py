@@ -235,6 +235,10 @@ class SequencedSubscriber:
             self.stats.messages_recovered += 1
         try:
             self._on_message(seq, payload, recovered)
+        except (RecursionError, OverflowError) as exc:
+            # What a malformed payload causes (deep nesting, an integer beyond 64 bits):
+            # one line, counted and dropped, not a traceback per message.
+            self._malformed(f"seq {seq}: {type(exc).__name__}: {str(exc)[:200]}")
         except Exception:
             # The stream must outlive one bad payload or handler bug: log it with its
             # traceback, count it, keep consuming.

@@ -8,6 +8,7 @@ pricer's key, the profile works as `--profile`, and models pdlab cannot compose 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,9 @@ from cluster.hardware.aiconfigurator_profile import (
     unsupported_reason,
 )
 from cluster.hardware.model_shape import ModelShape
+from cluster.hardware.operator_profile import OperatorProfile
+from cluster.hardware.operator_tables import OperatorTables
+from cluster.hardware.pricer import IterationPricer
 from cluster.hardware.profiles import load_profile
 from toolkit.cli import app
 
@@ -90,8 +94,31 @@ def test_moe_rows_come_back_through_the_pricers_key(db: KernelDatabase) -> None:
                    ("fp8", "fp8_block"), "power_law_1.01")  # fmt: skip
     for tokens in (1.0, 16.0, 256.0, 4096.0):
         assert p.pricer.moe_time(tokens) == pytest.approx(float(table(tokens)), rel=1e-9)
-    assert tables.moe is not None
+    assert tables.moe is not None and tables.moe_kind == "per-ep-rank"
     assert any(n.startswith("phi(B) on the MoE table: skew") for n in p.notes)
+    assert any("priced as the table says (per EP rank)" in n for n in p.notes)
+    # the table already holds the EP rank's routing load and exchange: nothing added on top
+    assert p.pricer.expert_exchange_time(4096.0) == 0.0
+    skewed = IterationPricer(tables, s, replace(p.parallel, expert_load_skew=1.5))
+    assert skewed.moe_time(256.0) == p.pricer.moe_time(256.0)
+
+
+def test_the_per_rank_moe_table_survives_the_profile_document(db: KernelDatabase) -> None:
+    s = shape(QWEN)
+    t = AicTarget("h200_sxm", "vllm", quant="fp8", tp=2, moe_ep=2, kv_dtype="fp8")
+    p = build_aic_profile(db, s, t, fit=False)
+    doc = p.to_json()
+    assert doc["tables"]["moe_kind"] == "per-ep-rank"
+    back = OperatorTables.from_json(doc["tables"])
+    assert back.moe_kind == "per-ep-rank"
+    # documents written before the field: AIConfigurator's are per EP rank, moe.csv's not
+    old = {k: v for k, v in doc["tables"].items() if k != "moe_kind"}
+    assert OperatorTables.from_json(old).moe_kind == "per-ep-rank"
+    assert OperatorTables.from_json({**old, "ops": ["qkv_proj"]}).moe_kind == "one-gpu"
+    loaded = OperatorProfile.from_json(json.loads(json.dumps(doc)))
+    assert loaded.pricer.moe_time(256.0) == pytest.approx(p.pricer.moe_time(256.0), rel=1e-9)
+    with pytest.raises(ConfigError, match="moe_kind 'x' is not one of one-gpu, per-ep-rank"):
+        OperatorTables.from_json({**doc["tables"], "moe_kind": "x"})
 
 
 def test_attention_dp_prices_the_groups_tokens_and_its_dispatch(db: KernelDatabase) -> None:

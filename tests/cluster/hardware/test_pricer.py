@@ -125,6 +125,30 @@ def test_an_ep_rank_prices_its_share_of_the_expert_token_pairs() -> None:
     assert skew.moe_time(128, group) > ep2.moe_time(128, group)
 
 
+def test_a_table_timed_per_ep_rank_is_priced_as_it_stands() -> None:
+    """A MoE table that already times one EP rank for the group's tokens, exchange included
+    (moe_kind "per-ep-rank": AIConfigurator's), is read at the group's tokens: no share of
+    the pairs, no skew, no TP split, no exchange on top; moe.csv keeps ep-model's rule."""
+    from dataclasses import replace
+
+    shape = ModelShape.load(QWEN_MOE)
+    one_gpu = OperatorTables.load(PMOE)
+    per_rank = replace(one_gpu, moe_kind="per-ep-rank")
+    par = Parallelism(tp=2, dp=2, ep=4, link_gbps=16.0, expert_load_skew=1.3)
+    shared, as_is = IterationPricer(one_gpu, shape, par), IterationPricer(per_rank, shape, par)
+    grid = as_is._moe
+    assert grid is not None
+    for group in (4.0, 256.0, 2048.0):
+        assert as_is.moe_time(group / 2, group) == pytest.approx(grid(group, 32.0))
+        assert shared.moe_time(group / 2, group) != pytest.approx(grid(group, 32.0))
+    assert as_is.moe_time(128.0) == pytest.approx(grid(256.0, 32.0))  # dp x tokens by default
+    assert as_is.expert_exchange_time(256.0) == 0.0 < shared.expert_exchange_time(256.0)
+    c_as_is, c_shared = as_is.cost([], [500] * 64, 128.0), shared.cost([], [500] * 64, 128.0)
+    assert c_shared.communication - c_as_is.communication == pytest.approx(
+        48 * shared.expert_exchange_time(128.0)
+    )
+
+
 def test_the_expert_exchange_grows_with_tokens_and_ep() -> None:
     """Dispatch (all-gather of hidden states and router logits) and combine (reduce-scatter
     of hidden states) per MoE layer: latency + (e-1)/e of the group's bytes over the link."""

@@ -158,3 +158,56 @@ def test_simulate_ends_with_one_line_naming_the_hook(
     assert res.returncode == 2, (res.stdout, res.stderr)  # sys.exit(0) no longer ends it with 0
     assert "Traceback" not in res.stderr and words in err, res.stderr
     assert f"scheduling policy '{name}'" in err
+
+
+EXITS_HARD = """
+import os
+from cluster.policies import SchedulingPolicy
+
+class HardExit(SchedulingPolicy):
+    def priority(self, pcb, now):
+        os._exit(0)
+
+class HardExitCaught(SchedulingPolicy):
+    def priority(self, pcb, now):
+        try:
+            os._exit(3)
+        except BaseException:
+            return 0.0
+
+class Aborts(SchedulingPolicy):
+    def priority(self, pcb, now):
+        os.abort()
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "words"),
+    [
+        ("HardExit", "hook priority at t=0.000 s: called os._exit(0)"),
+        ("HardExitCaught", "hook priority at t=0.000 s: called os._exit(3)"),
+        ("Aborts", "hook priority at t=0.000 s: called os.abort()"),
+    ],
+)
+def test_a_hook_that_ends_the_process_fails_the_run_instead(
+    tmp_path: Path, name: str, words: str
+) -> None:
+    """os._exit(0) in a hook ended `pdlab simulate` with exit 0 and no output (issue 28)."""
+    path = tmp_path / "hard.py"
+    path.write_text(textwrap.dedent(EXITS_HARD))
+    res = _simulate(f"{path}:{name}", tmp_path)
+    err = " ".join(res.stderr.split())
+    assert res.returncode == 2, (res.returncode, res.stdout[-500:], res.stderr[-2000:])
+    assert "Traceback" not in res.stderr and words in err, res.stderr
+    assert "may not end the process" in err and f"scheduling policy '{name}'" in err
+
+
+def test_os_exit_outside_hooks_still_exits(tmp_path: Path) -> None:
+    """The trap only acts inside a guarded hook: a worker's own os._exit is untouched."""
+    code = (
+        "import os\nfrom cluster.policies import load_policy\n"
+        "load_policy('scheduling', 'fcfs')\nos._exit(7)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    res = subprocess.run([sys.executable, "-c", code], env=env, timeout=60)
+    assert res.returncode == 7
