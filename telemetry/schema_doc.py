@@ -55,8 +55,9 @@ TABLE_DOCS: dict[str, str] = {
     "operator_profiles": "One row per operator profile an import read (per model, GPU and "
     "TP), as the document `pdlab profile import` writes.",
     "reference_series": "One row per tick of a measured or simulated series of an imported "
-    "run (generation throughput, GPU memory, prefix hits), the real run's and its peers' "
-    "(`pdlab validate` compares the twin with them).",
+    "run (generation throughput, GPU memory, prefix hits; an LLMServingSim bench run's "
+    "running and waiting requests and KV use), the real run's and its peers' "
+    "(`pdlab validate` compares the twin with them; `pdlab report` draws them).",
     "reference_latency": "One row per framework of an imported run's mean-latency table: the "
     "real run's ('vLLM') and simulators' figures for it.",
     "engine_metrics": "One row per sample of an engine's Prometheus /metrics scraped by "

@@ -131,13 +131,21 @@ def imported_tables(c: Callable[..., Any], run_id: Any) -> dict[str, tuple[Any, 
                 "throughput_tok_s: output tokens generated in the tick (tokens/s); gpu_mem_mb: GPU "
                 "memory in use, weights and KV (MB); prefix_hit_pct: prompt tokens found in the "
                 "GPU prefix cache since the start (%); cpu_mem_mb, cpu_prefix_hit_pct: the same "
-                "of the CPU prefix pool",
+                "of the CPU prefix pool; running_reqs, waiting_reqs: requests the engines ran "
+                "and queued at their last step of the tick (requests); kv_cache_pct: GPU KV "
+                "blocks in use (%); prompt_throughput_tok_s: prompt tokens of prefills finished "
+                "in the tick (tokens/s); preempted_reqs: requests preempted in the tick",
                 allowed=(
                     "throughput_tok_s",
                     "gpu_mem_mb",
                     "prefix_hit_pct",
                     "cpu_mem_mb",
                     "cpu_prefix_hit_pct",
+                    "running_reqs",
+                    "waiting_reqs",
+                    "kv_cache_pct",
+                    "prompt_throughput_tok_s",
+                    "preempted_reqs",
                 ),
             ),
             c(

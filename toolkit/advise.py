@@ -29,12 +29,25 @@ gain planner, relaunch for dynamo, strand for arrow); the simulator drains them
 included. toolkit.advise_windows finds the best split per window, flags
 back-and-forth winners and recommends the split that is best over the run with the
 switch included.
+
+"Should I disaggregate at all?": beside the splits, the same N nodes as N collocated
+engines (DP ranks: each serves prefill and decode, vLLM V1's mixed iterations where the
+profile has engine limits) are replayed the same way and
+ranked with the same intervals (`collocated=False` leaves them out). A run that served on
+N collocated engines (no PD split) has that candidate as its own; a PD run's move to
+collocated engines is a relaunch of every engine whose cost is not modelled (none is
+counted, and the recommendation says so). Requests go to the engines round-robin: vLLM's
+DP front end balances by load (4 * waiting + running), but the simulator's nodes report
+their load only when an iteration starts, so an idle engine's last report still counts its
+finished batch and load-based routing (least-loaded) piles requests onto the lowest id;
+round-robin spreads them as evenly as a balancer of equal engines does on average.
 """
 
 from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple, cast
 
@@ -141,6 +154,7 @@ class Advice(NamedTuple):
                     "split": s.split,
                     "prefill": s.prefill,
                     "decode": s.decode,
+                    "collocated": s.prefill == 0,
                     "metrics": {k: v.to_json() for k, v in s.metrics.items()},
                     "unfinished_requests": s.unfinished,
                     "switch": None if s.switch is None else s.switch.to_json(),
@@ -156,6 +170,11 @@ def split_name(prefill: int, decode: int) -> str:
     return f"{prefill}P{decode}D"
 
 
+def collocated_name(nodes: int) -> str:
+    """The candidate of `nodes` collocated engines (prefill = decode = 0 in SplitAdvice)."""
+    return f"{nodes} collocated"
+
+
 def advise(
     rec: RecordedRun,
     *,
@@ -166,6 +185,7 @@ def advise(
     window_s: float | None = None,
     switch_mode: str | None = None,
     progress: Progress | None = None,
+    collocated: bool = True,
 ) -> Advice:
     """Replay `rec` on every split and assemble the advice (module docstring)."""
     n = rec.num_nodes if nodes is None else nodes
@@ -193,12 +213,16 @@ def advise(
     prof = load_profile(spec)
     current = rec.split if rec.split is not None and sum(rec.split) == n else None
     candidates = [(p, n - p) for p in range(1, n)]
+    col = collocated_name(n) if collocated else None
+    # a run on these nodes without a PD split ran them as collocated engines
+    col_current = col is not None and rec.split is None and rec.num_nodes == n
     t0, t_last = float(rec.arrival_s.min()), float(rec.arrival_s.max())
     window = _window(window_s, float(rec.settings.get("window_s", 600.0)), t_last - t0)
     t_switch = t0 + window
     steps = len(candidates) * seeds * (2 if current is not None else 1) - (
         seeds if current is not None else 0
     )
+    steps += seeds if col is not None else 0
     done = 0
 
     def tick(label: str) -> None:
@@ -224,6 +248,12 @@ def advise(
                 timings, moved, cost = _replay(base, (t_switch, p, mode))
                 switched.setdefault(name, []).append((timings, moved, cost))
                 tick(f"{split_name(*current)} -> {name} seed {k}")
+        for k in range(seeds if col is not None else 0):
+            # spread evenly over the engines (module docstring: why not by reported load)
+            cfg = _config(trace, rec, prof, n, "collocated", k, horizon)
+            cfg = replace(cfg, router="round-robin")
+            static.setdefault(str(col), []).append(_replay(cfg, None)[0])
+            tick(f"{col} seed {k}")
     num = len(rec.arrival_s)
     bounds = twin_bounds(rec)
     splits = [
@@ -237,9 +267,14 @@ def advise(
         )
         for p, d in candidates
     ]
+    if col is not None:
+        runs = static[col]
+        values = _estimates([_values(t) for t in runs], bounds)
+        unfinished = max(num - len(t.t_done) for t in runs)
+        splits.append(SplitAdvice(col, 0, 0, values, unfinished, None))
     splits.sort(key=lambda s: (s.unfinished > 0, order(s.metrics[rank_by].mean), s.prefill))
     windows = window_best(static, rank_by, t0, t_last, window)
-    cur = None if current is None else split_name(*current)
+    cur = col if col_current else (None if current is None else split_name(*current))
     return Advice(
         rec.run_id,
         n,

@@ -7,7 +7,8 @@ had left (A -> B -> A), a planner following them would oscillate: each move pays
 switch, and the gain each window promises does not last. The recommendation is the split
 best over the whole run with the switch from the run's split included (the replay that
 switches at the end of the first window, toolkit.advise), the run's own split counted
-without one. When its 95% interval overlaps the next best's, the two are "not
+without one (a move between a PD split and collocated engines counts none: its relaunch
+is not modelled, and the reason says so). When its 95% interval overlaps the next best's, the two are "not
 distinguishable" and the recommendation says so; an interval with no upper end (a twin
 whose error leaves it not known) makes every comparison not distinguishable.
 """
@@ -129,6 +130,12 @@ def recommend(
         stay = next(s.metrics[metric].mean for s in splits if s.split == current)
         if best.split == current:
             reason = f"stay on {current}: no split beats it over the run once its switch is paid"
+        elif best.switch is None:  # to or from collocated engines: a relaunch, not modelled
+            reason = (
+                f"move {current} -> {best.split}: {metric} {value:.4g} over the run against "
+                f"{stay:.4g} staying; the move relaunches the engines in their new roles, "
+                "whose cost is not modelled (none counted)"
+            )
         else:
             assert best.switch is not None
             reason = (

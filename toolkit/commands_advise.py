@@ -1,7 +1,8 @@
 """`pdlab advise DB`: rank the PD splits of N nodes for a recorded run's workload (SPEC §9).
 
-Replays the run's requests on the cluster simulator for every split and several seeds
-(toolkit.advise), prints a ranked table (mean and P90 TTFT, mean TPOT, mean E2E with 95%
+Replays the run's requests on the cluster simulator for every split, and for the same
+nodes as N collocated engines ("should I disaggregate at all?"; `--no-collocated` leaves
+them out), and several seeds (toolkit.advise), prints a ranked table (mean and P90 TTFT, mean TPOT, mean E2E with 95%
 intervals; the switch from the run's split: nodes moved, switch time, drained requests,
 lost KV blocks, and the run's mean E2E with that switch), the best split per window with
 an oscillation flag (toolkit.advise_windows) and the recommendation. Exit code 2 for bad
@@ -15,7 +16,8 @@ an unknown profile, metric or switch mode.
      "twin_interval": {METRIC: [lo, hi]} (the twin's 95% interval of its error),
      "twin_note" (twins of the run not used, and why),
      "recorded": {METRIC: value} (the real run, when it ran on current_split),
-     "splits": [{"rank", "split", "prefill", "decode",
+     "splits": [{"rank", "split", "prefill", "decode", "collocated" (N collocated engines:
+                 split "N collocated", prefill = decode = 0),
                  "metrics": {METRIC: {"mean", "ci95": [lo, hi], "seeds": [...]}},
                  "unfinished_requests",
                  "switch": null | {"from", "mode", "nodes_moved", "t_switch_s",
@@ -83,6 +85,12 @@ def advise_command(
         help="in-place | relaunch | strand (default: the run's planner's: gain in-place, "
         "dynamo relaunch, arrow strand).",
     ),
+    collocated: bool = typer.Option(
+        True,
+        "--collocated/--no-collocated",
+        help="Also rank the nodes as collocated engines (DP ranks), the baseline of "
+        "disaggregating at all.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Rank the PD splits for a recorded run's workload, with intervals and switch costs."""
@@ -123,6 +131,7 @@ def advise_command(
                 window_s=window,
                 switch_mode=switch_mode,
                 progress=progress,
+                collocated=collocated,
             )
     except (ValueError, TelemetryError, FileNotFoundError) as exc:  # ConfigError: ValueError
         typer.echo(f"error: {exc}", err=True)
@@ -154,7 +163,8 @@ def _print(result: object) -> None:
     out = Console()
     cur = result.current
     table = Table(
-        title=f"PD splits of {result.nodes} nodes for run {result.run_id} "
+        title=f"PD splits{' and collocated engines' if any(s.prefill == 0 for s in result.splits) else ''} "
+        f"of {result.nodes} nodes for run {result.run_id} "
         f"({result.requests} requests, {result.seeds} seed{'s' * (result.seeds > 1)}), "
         f"ranked by {result.rank_by}",
         caption="seconds, mean (95% interval: "
@@ -175,8 +185,11 @@ def _print(result: object) -> None:
         ]
         if cur is not None:
             sw = s.switch
+            relaunch = (
+                sw is None and s.split != cur and (s.prefill == 0 or cur.endswith("collocated"))
+            )
             row += (
-                ["-", "-", "-", "-", "-"]
+                ["relaunch †" if relaunch else "-", "-", "-", "-", "-"]
                 if sw is None
                 else [
                     f"{sw.nodes_moved} {sw.mode}",
@@ -188,6 +201,11 @@ def _print(result: object) -> None:
             )
         table.add_row(*row)
     out.print(table)
+    if cur is not None and any(s.switch is None and s.split != cur for s in result.splits):
+        out.print(
+            "† moving between a PD split and collocated engines relaunches every engine in its "
+            "new role: its cost is not modelled (none is counted)"
+        )
     if any(s.unfinished for s in result.splits):
         out.print("* some requests did not finish in the replay; ranked last")
     if result.twin_run_id is not None:

@@ -24,7 +24,14 @@ def report_command(
     ),
     output: Path = typer.Option(Path("report.html"), "-o", "--output", help="HTML file to write."),
     figure: list[str] | None = typer.Option(
-        None, "--figure", help="Only this figure (repeatable); default: all."
+        None, "--figure", help="Only this figure (repeatable); default: those the run can fill."
+    ),
+    window: str | None = typer.Option(
+        None,
+        "--window",
+        metavar="T0:T1",
+        help="The pass timeline's window in seconds since the run's start, e.g. 120:125; "
+        "default: a few hundred passes around the busiest moment.",
     ),
 ) -> None:
     """Write a run's summary and key figures to one self-contained HTML file."""
@@ -42,14 +49,28 @@ def report_command(
         raise typer.Exit(EXIT_INPUT) from None
     if note:
         typer.echo(f"warning: {note}", err=True)
+    span = None
+    if window is not None:
+        try:
+            lo, hi = (float(x) for x in window.split(":"))
+        except ValueError:
+            lo = hi = -1.0
+        if not 0 <= lo < hi:
+            typer.echo(
+                f"error: --window {window!r}: expected T0:T1 seconds, 0 <= T0 < T1", err=True
+            )
+            raise typer.Exit(EXIT_INPUT)
+        span = (lo, hi)
     try:
-        report = write_report(db, output, run, figure or None)
+        report = write_report(db, output, run, figure or None, span)
     except ReportError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(EXIT_INPUT) from None
     shown = len(report.titles) - len(report.failures)
     size_mb = output.stat().st_size / 1e6
     typer.echo(f"wrote {output} ({size_mb:.1f} MB): run {report.run_id}, {shown} figures")
+    if report.absent:
+        typer.echo(report.absent)
     for failure in report.failures:
         typer.echo(f"error: figure {failure.name} failed: {failure.error}", err=True)
     if report.failures:

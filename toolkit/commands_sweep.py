@@ -7,6 +7,7 @@
         --grid retention=lru,ttl,pressure-ttl --grid scheduling=fcfs,plas --seeds 0,1 \\
         --backend ray
     pdlab sweep ... --random retention_params.tau_s=loguniform:0.5:30 --samples 16
+    pdlab sweep --preset smoke --plot sweep.html    # + each point over seeds, 95% intervals
 
 Values are JSON where they parse as JSON (numbers, true/false, null), strings otherwise.
 A sweep needs something to run: a --preset, or axes and a base (--grid, --random, --base);
@@ -127,18 +128,40 @@ def sweep_command(
     db: Path | None = typer.Option(None, help="DuckDB file for the sweep_results table"),
     sweep_id: str | None = typer.Option(None, help="Sweep id (default: generated)"),
     as_json: bool = typer.Option(False, "--json", help="Print rows and aggregates as JSON"),
+    plot: Path | None = typer.Option(
+        None,
+        "--plot",
+        help="Write an HTML figure of each point's metric over seeds with 95% intervals",
+    ),
+    plot_metric: str = typer.Option(
+        "mean_jct_s", "--plot-metric", help="Metric of --plot (a sweep_results column)"
+    ),
 ) -> None:
     """Sweep policies and parameters; results into DuckDB and a summary table."""
     # Heavy imports inside the command, so `pdlab --help` stays fast.
     from cluster import size_limits
     from cluster.experiments.policy_sweeps import table1_rows
-    from cluster.sweep import BACKENDS, aggregate, check_points, expand, run_points, write_results
+    from cluster.sweep import (
+        BACKENDS,
+        METRICS,
+        aggregate,
+        check_points,
+        expand,
+        run_points,
+        write_results,
+    )
     from toolkit.sim_options import clean_json
 
     try:
         spec = build_spec(preset, quick, base, grid, random, samples, seeds)
         if backend not in BACKENDS:
             raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        if plot is not None and plot_metric not in METRICS:
+            raise ConfigError(
+                f"--plot-metric must be one of {', '.join(METRICS)}, got {plot_metric!r}"
+            )
+        if plot is not None and not plot.parent.is_dir():
+            raise ConfigError(f"--plot: folder {str(plot.parent)!r} does not exist")
         size_limits.check("--processes", processes, size_limits.PROCESSES)
         points = expand(spec)
         check_points(points)  # every configuration, before the bar and the workers start
@@ -162,6 +185,15 @@ def sweep_command(
         console.print(f"[red]error:[/] {escape(str(err))}")
         raise typer.Exit(2) from None
     sid = write_results(db, rows, sweep_id) if db is not None else sweep_id
+    if plot is not None:
+        from toolkit.plots.seeds import metric_label, sweep_intervals
+
+        title = f"sweep {spec.name}: {metric_label(plot_metric)} by point over seeds"
+        fig = sweep_intervals(rows, plot_metric, title=title)
+        fig.write_html(plot, include_plotlyjs=True)
+        console.print(
+            f"wrote {plot}: {plot_metric} of {len(points)} runs, 95% intervals over seeds"
+        )
     agg = aggregate(rows)
     result: dict[str, Any] = {"sweep_id": sid, "name": spec.name, "aggregate": agg}
     if spec.name == "table1":

@@ -6,8 +6,11 @@ arrived after the warmup and finished, throughput over requests finished in the 
 period, switches completed after the warmup. The tables hold finished requests only, so
 KV hit rates can differ slightly from a simulator summary that also counted requests still
 in flight at the end; wall time is not logged and is left out. The figures are those of
-`toolkit.plots.FIGURES`, and for a run written by `pdlab twin` also `TWIN_FIGURES` (real vs
-twin); plotly.js is embedded once (no network needed to view the file).
+`toolkit.plots.FIGURES` the run can fill (`toolkit.queries.content`: a request-only import
+gets its latency distributions and running/waiting series, iteration logs add the pass
+timeline and fits, a PD cluster its split and planner, an MoE model φ(B)), with one line
+saying what is left out and why; for a run written by `pdlab twin` also `TWIN_FIGURES`
+(real vs twin). plotly.js is embedded once (no network needed to view the file).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from plotly.offline import get_plotlyjs
 
 from telemetry import TelemetryError
 from toolkit.plots import FIGURES, TWIN_FIGURES
+from toolkit.queries.content import run_content, select_figures
 from toolkit.queries.reuse import reuse_totals
 from toolkit.queries.run import Run, Source, open_run
 from toolkit.queries.split import phase_segments
@@ -45,9 +49,12 @@ class Report(NamedTuple):
     summary: dict[str, Any]
     titles: dict[str, str]  # figure name -> title shown
     failures: tuple[FigureFailure, ...]
+    absent: str | None = None  # what is left out and why (figures picked by content)
 
 
-def _split_name(final: dict[str, int]) -> str:
+def _split_name(final: dict[str, int]) -> str | None:
+    if not any(final.get(p) for p in ("prefill", "decode", "collocated")):
+        return None  # no node's phase is known (an imported request-only run)
     if final.get("collocated") and not final.get("prefill") and not final.get("decode"):
         return "collocated"
     return f"{final.get('prefill', 0)}P{final.get('decode', 0)}D"
@@ -82,6 +89,10 @@ def summarize_run(run: Run) -> dict[str, Any]:
     for phase in phase_segments(run).final.values():
         final[phase] = final.get(phase, 0) + 1
     kv = reuse_totals(run)
+    if cfg.get("importer") and not kv["t_c"]:
+        # Importers of request records store t_c = 0 when the benchmark did not record
+        # cached tokens: the hit rate is unknown, not 0.
+        kv = {**kv, "h": None, "lost": None}
     tq = lat["ttft_q"] or [None, None]
     eq = lat["e2e_q"] or [None, None]
     source = run.scalar("SELECT source FROM runs WHERE run_id = ? LIMIT 1", [run.run_id])
@@ -140,6 +151,7 @@ table.summary td { padding: 3px 12px; border-bottom: 1px solid #eee; }
 table.summary td.k { color: #555; font-family: ui-monospace, monospace; }
 nav a { margin-right: 12px; font-size: 13px; }
 .figure { border-top: 1px solid #ddd; padding-top: 4px; }
+.absent { margin: 10px 0; }
 .failed { color: #b00; font-family: ui-monospace, monospace; white-space: pre-wrap; }
 """
 
@@ -156,22 +168,31 @@ def _figure_html(name: str, fig: go.Figure) -> str:
 
 
 def build_report(
-    db: Source, run_id: str | None = None, figures: Sequence[str] | None = None
+    db: Source,
+    run_id: str | None = None,
+    figures: Sequence[str] | None = None,
+    timeline_window: tuple[float, float] | None = None,
 ) -> Report:
     """The report of one run as an HTML string, with its summary and figure titles.
 
-    `figures` picks names of `toolkit.plots.FIGURES` (default: all, in that order). A
-    figure that raises is shown as an error block and listed in `failures`.
+    `figures` picks names of `toolkit.plots.FIGURES` (default: those the run can fill, in
+    that order, and a note of the others). `timeline_window` (t0, t1 in s) is the pass
+    timeline's window (default: around the busiest moment). A figure that raises is shown
+    as an error block and listed in `failures`.
     """
     every = {**FIGURES, **TWIN_FIGURES}
     names = list(FIGURES) if figures is None else list(figures)
     unknown = [n for n in names if n not in every]
     if unknown:
         raise ReportError(f"unknown figure(s) {unknown}; choose from: {', '.join(every)}")
+    absent = None
     try:
         with open_run(db, run_id) as run:
             rid, label = run.run_id, run.label
             summary = summarize_run(run)
+            if figures is None:
+                picked = select_figures(run_content(run))
+                names, absent = picked.names, picked.note()
             if figures is None and summary.get("source") == "twin":
                 names = [*TWIN_FIGURES, *names]
     except TelemetryError as exc:
@@ -181,7 +202,8 @@ def build_report(
     sections, titles, failures = [], {}, []
     for name in names:
         try:
-            fig = every[name](db, rid)
+            kwargs = {"window": timeline_window} if name == "timeline" else {}
+            fig = every[name](db, rid, **kwargs)
         except Exception as exc:  # a broken figure must not hide the others; it is reported
             failures.append(FigureFailure(name, f"{type(exc).__name__}: {exc}"))
             titles[name] = name
@@ -227,10 +249,11 @@ def build_report(
 <p class="meta">Latency and KV metrics over finished requests that arrived after the warmup;
 throughput over requests finished after it.</p>
 <nav>{nav}</nav>
+{f'<p class="meta absent">{html.escape(absent)}</p>' if absent else ""}
 {"".join(sections)}
 </body></html>
 """
-    return Report(page, rid, summary, titles, tuple(failures))
+    return Report(page, rid, summary, titles, tuple(failures), absent)
 
 
 def write_report(
@@ -238,11 +261,12 @@ def write_report(
     output: str | Path,
     run_id: str | None = None,
     figures: Sequence[str] | None = None,
+    timeline_window: tuple[float, float] | None = None,
 ) -> Report:
     """Build the report and write it to `output` (parent folders must exist)."""
     out = Path(output)
     if not out.parent.is_dir():
         raise ReportError(f"output folder {str(out.parent)!r} does not exist")
-    report = build_report(db, run_id, figures)
+    report = build_report(db, run_id, figures, timeline_window)
     out.write_text(report.html, encoding="utf-8")
     return report

@@ -21,7 +21,14 @@ from cluster.sweep.results import (
     write_results,
 )
 from cluster.sweep.run import BACKENDS, check_points, run_point, run_points, run_sweep
-from cluster.sweep.spec import SweepPoint, SweepSpec, default_warmup_s, expand, replay_end_s
+from cluster.sweep.spec import (
+    SweepPoint,
+    SweepSpec,
+    default_warmup_s,
+    expand,
+    point_of,
+    replay_end_s,
+)
 
 __all__ = [
     "BACKENDS",
@@ -33,6 +40,7 @@ __all__ = [
     "check_points",
     "default_warmup_s",
     "expand",
+    "point_of",
     "read_results",
     "replay_end_s",
     "run_point",

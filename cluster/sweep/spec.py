@@ -144,6 +144,18 @@ def expand(spec: SweepSpec) -> list[SweepPoint]:
     return points
 
 
+def point_of(index: int, cfg: SimConfig, params: dict[str, Any]) -> SweepPoint:
+    """A point that runs `cfg` as it is (its seed included), named by `params`: for
+    comparisons whose variants change different fields (notebook 05's policies)."""
+    default = SimConfig()
+    fields = {
+        f.name: getattr(cfg, f.name)
+        for f in dataclasses.fields(cfg)
+        if getattr(cfg, f.name) != getattr(default, f.name)
+    }
+    return SweepPoint(index, int(cfg.seed), params, fields | {"seed": int(cfg.seed)})
+
+
 def _apply(cfg: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
     for axis, value in params.items():
         head, _, key = axis.partition(".")

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ import pytest
 
 from telemetry import open_reader
 from toolkit.client import PdlabClient, free_port, switchable
+from toolkit.widgets import figures
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = "04_live_cluster_control.ipynb"
@@ -152,6 +154,38 @@ def _kernel_idle(lab: Lab) -> bool:
     return r.status_code == 200 and any(k["execution_state"] == "idle" for k in r.json())
 
 
+def open_notebook(page: Any, lab: Lab, url: str) -> None:
+    """Open `url` and wait for the notebook's first cell.
+
+    CI once timed out here (no cell after 60 s, sim cluster; not reproduced on this
+    machine). The cell appears once JupyterLab's front end has loaded and the notebook's
+    contents came back from the server; on a loaded runner both wait on CPU. So the wait
+    is longer, and a page still without cells is photographed
+    (artifacts/open-failed-<engines>.png), its text and JupyterLab's log kept for the
+    failure message, and loaded again once: what the test checks starts after this."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    cells = page.locator(".jp-NotebookPanel .jp-Cell").first
+    console: list[str] = []
+    page.on("console", lambda m: console.append(f"{m.type}: {m.text}"[:300]))
+    page.goto(url)
+    try:
+        cells.wait_for(timeout=120_000)
+        return
+    except PlaywrightTimeout:
+        _save(page.screenshot(full_page=True), f"open-failed-{lab.engines}.png")
+        body = page.locator("body").inner_text(timeout=10_000)[:600]
+        seen = f"page text: {body!r}; console: {console[-10:]}; lab log: {lab.tail()[-2000:]}"
+        warnings.warn(
+            f"no notebook cell after 120 s, loading the page again ({seen})", stacklevel=2
+        )
+    page.reload()
+    try:
+        cells.wait_for(timeout=120_000)
+    except PlaywrightTimeout:
+        raise AssertionError(f"JupyterLab showed no notebook cell twice: {seen}") from None
+
+
 def _save(shot: bytes, name: str) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     (ARTIFACTS / name).write_bytes(shot)
@@ -172,8 +206,7 @@ def test_notebook_04_dashboard_switch_button_in_chromium(lab: Lab) -> None:
         try:
             page = browser.new_page(viewport={"width": 1500, "height": 1100})
             page.set_default_timeout(60_000)
-            page.goto(f"{lab.lab_url}/lab/tree/{NOTEBOOK}?token={lab.lab_token}")
-            page.locator(".jp-NotebookPanel .jp-Cell").first.wait_for()
+            open_notebook(page, lab, f"{lab.lab_url}/lab/tree/{NOTEBOOK}?token={lab.lab_token}")
             # Run All once the notebook's kernel is up (JupyterLab's REST API says so).
             wait_until(lambda: _kernel_idle(lab), 120, "the notebook's kernel to start")
             page.locator("#jp-MainMenu .lm-MenuBar-itemLabel", has_text="Run").first.click()
@@ -207,6 +240,16 @@ def test_notebook_04_dashboard_switch_button_in_chromium(lab: Lab) -> None:
             assert box is not None
             _save(page.screenshot(clip=box), f"dashboard-{lab.engines}.png")
             _save(page.screenshot(full_page=True), f"notebook04-{lab.engines}.png")
+            # Time axes name the cluster's clock: simulated, or wall time for torch engines.
+            clock = figures.SIMULATED if lab.engines == "sim" else figures.WALL
+            assert dashboard.locator(".xtitle", has_text=clock).count() == 2  # split, latency
+            # Below the controls: each node's passes of the last seconds (the pass timeline).
+            timeline = page.locator(".pdlab-timeline")
+            timeline.scroll_into_view_if_needed()
+            timeline.locator(".main-svg").first.wait_for(timeout=60_000)
+            box = timeline.bounding_box()
+            assert box is not None
+            _save(page.screenshot(clip=box), f"dashboard-timeline-{lab.engines}.png")
         finally:
             browser.close()
 

@@ -30,21 +30,24 @@ from test_browser_dashboard import (  # the same lab, browser and helpers
     _kernel_idle,
     _save,
     lab,  # noqa: F401  (the fixture)
+    open_notebook,
     wait_until,
 )
 
 from toolkit.client import PdlabClient
 from toolkit.widgets import ClusterDashboard
 
-# The data of every plotly plot of the dashboard: [[len(x), len(y)] per trace] per plot.
-PLOT_DATA_JS = """() => Array.from(
-    document.querySelectorAll('.pdlab-dashboard .js-plotly-plot')
-).map(el => (el.data || []).map(t => [(t.x || []).length, (t.y || []).length]))"""
-# Their titles as drawn (plotly's SVG text), in the same order.
-PLOT_TITLES_JS = """() => Array.from(
-    document.querySelectorAll('.pdlab-dashboard .js-plotly-plot')
-).map(el => { const t = el.querySelector('.gtitle'); return t ? t.textContent : ''; })"""
-TITLES = ("PD split", "latency (rolling)", "planner candidates")
+# The dashboard's plotly plots above its pass timeline (split, latency, gains; the timeline
+# below them is read from the database and has its own test).
+PLOTS_JS = """Array.from(document.querySelectorAll('.pdlab-dashboard .js-plotly-plot'))
+    .filter(el => !el.closest('.pdlab-timeline'))"""
+# Their data: [[len(x), len(y)] per trace] per plot.
+PLOT_DATA_JS = f"""() => {PLOTS_JS}
+    .map(el => (el.data || []).map(t => [(t.x || []).length, (t.y || []).length]))"""
+# Their titles as drawn (plotly's SVG text: title, then the subtitle), in the same order.
+PLOT_TITLES_JS = f"""() => {PLOTS_JS}
+    .map(el => {{ const t = el.querySelector('.gtitle'); return t ? t.textContent : ''; }})"""
+TITLES = ("PD split over time", "Latency of recent requests", "Planner candidates (Eq. 6)")
 # The page runs on a CPU this many times slower: a browser that takes seconds to set up a
 # widget (plotly's FigureWidget then gave up on its model and drew empty plots) must still
 # draw every plot filled.
@@ -90,8 +93,7 @@ def latest_t(page: Any) -> float:
     page.screenshot()  # a frame, so plotly draws
     return float(
         page.evaluate(
-            "() => { const el = document.querySelectorAll('.pdlab-dashboard .js-plotly-plot')[1];"
-            " const x = el.data[0].x; return x[x.length - 1]; }"
+            f"() => {{ const el = {PLOTS_JS}[1]; const x = el.data[0].x; return x[x.length - 1]; }}"
         )
     )
 
@@ -111,7 +113,7 @@ def plots_filled(page: Any) -> list[list[list[int]]] | None:
     titled = all(title.startswith(want) for title, want in zip(titles, TITLES, strict=True))
     # The gains plot is empty until the planner's first window ends (300 s: at the torch
     # cluster's 1x, after the test), and its title says so.
-    no_evaluation = titles[2].endswith("(no evaluation yet)")
+    no_evaluation = titles[2].endswith("no evaluation yet")
     full = all(x > 0 and y > 0 for x, y in split + latency + ([] if no_evaluation else gains))
     return plots if full and titled and len(split) == 2 and len(latency) == 3 else None
 
@@ -159,8 +161,7 @@ def test_notebook_04_dashboard_plots_filled_first_and_reopened(lab: Lab) -> None
             page.set_default_timeout(60_000)
             cdp = page.context.new_cdp_session(page)
             cdp.send("Emulation.setCPUThrottlingRate", {"rate": CPU_SLOWDOWN})
-            page.goto(url)
-            page.locator(".jp-NotebookPanel .jp-Cell").first.wait_for()
+            open_notebook(page, lab, url)
             wait_until(lambda: _kernel_idle(lab), 120, "the notebook's kernel to start")
             page.locator("#jp-MainMenu .lm-MenuBar-itemLabel", has_text="Run").first.click()
             page.get_by_text("Run All Cells", exact=True).click()

@@ -208,11 +208,14 @@ def test_05_compare_policies(
     text = "\n".join(out)
     for variant in ("static planner", "arrow-like planner", "round-robin router", "lru eviction"):
         assert variant in text
-    assert text.count("application/vnd.plotly.v1+json") == 4
+    # Three metrics over seeds with 95% intervals, and two planners' split over time.
+    assert text.count("application/vnd.plotly.v1+json") == 5
+    assert "change vs gain / ttft / branch (base), paired by seed" in text
     runs = open_reader(own_db(tmp_path, "05_compare_policies.ipynb")).runs()
-    assert runs.height == 5
-    # The split over time of each planner, printed under "What this size can show".
-    assert re.search(r"static planner\s+\[\(0, '2P2D'\)\]", text), text[-2000:]
+    assert runs.height == 2  # the two planners drawn; the comparison keeps summaries only
+    # The split over time of each planner and seed, printed under "What this size can show".
+    assert re.search(r"static planner\s+seed 0 \[\(0, '2P2D'\)\]", text), text[-2000:]
+    assert re.search(r"static planner\s+seed 2 \[", text)
 
 
 def test_06_twin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lab_env: dict[str, str]) -> None:

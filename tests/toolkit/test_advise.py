@@ -88,7 +88,7 @@ def alternating(db: Path) -> dict[str, Any]:
 
 
 def test_prefill_heavy_requests_rank_more_prefill_nodes_first(db: Path) -> None:
-    result = advise(load_run(db, "prefill"), profile="h200", seeds=2)
+    result = advise(load_run(db, "prefill"), profile="h200", seeds=2, collocated=False)
     assert [s.split for s in result.splits] == ["2P1D", "1P2D"]
     best, worst = result.splits
     # one prefill node queues 20 long prompts at 2/s (~0.75 s each): TTFT grows to seconds
@@ -104,13 +104,20 @@ def test_json_shape_and_switch_cost(alternating: dict[str, Any]) -> None:
     assert doc["run_id"] == "alternating" and doc["nodes"] == 3 and doc["requests"] == 112
     assert doc["current_split"] == "1P2D" and doc["seeds"] == 2 and doc["rank_by"] == "e2e_mean_s"
     splits = {s["split"]: s for s in doc["splits"]}
-    assert [s["rank"] for s in doc["splits"]] == [1, 2] and set(splits) == {"1P2D", "2P1D"}
+    assert [s["rank"] for s in doc["splits"]] == [1, 2, 3]
+    assert set(splits) == {"1P2D", "2P1D", "3 collocated"}
     for s in doc["splits"]:
         assert set(s["metrics"]) == set(METRICS) and s["unfinished_requests"] == 0
         for m in s["metrics"].values():
             assert len(m["seeds"]) == 2
             assert m["ci95"][0] <= m["mean"] <= m["ci95"][1]
     assert splits["1P2D"]["switch"] is None  # the run's own split
+    # the same nodes as collocated engines, ranked with the same intervals; a move from a
+    # PD split to them relaunches every engine: no switch cost is modelled
+    col = splits["3 collocated"]
+    assert col["collocated"] and (col["prefill"], col["decode"]) == (0, 0)
+    assert col["switch"] is None and set(col["metrics"]) == set(METRICS)
+    assert not splits["1P2D"]["collocated"]
     sw = splits["2P1D"]["switch"]
     assert sw["from"] == "1P2D" and sw["mode"] == "in-place" and sw["nodes_moved"] == 1
     assert sw["t_switch_s"] == pytest.approx(10.0)  # the end of the first window
@@ -129,12 +136,15 @@ def test_json_shape_and_switch_cost(alternating: dict[str, Any]) -> None:
 def test_windows_that_alternate_are_flagged(alternating: dict[str, Any]) -> None:
     w = alternating["windows"]
     assert w["window_s"] == 10.0 and len(w["best"]) == 3
-    # long prompts want two prefill nodes, long decodes two decode nodes
-    assert [b["best"] for b in w["best"]] == ["2P1D", "1P2D", "2P1D"]
-    assert w["pattern"] == ["2P1D", "1P2D", "2P1D"] and w["oscillating"] is True
-    assert w["switches"] == 2
+    # long prompts want every node prefilling (collocated engines; two prefill nodes next),
+    # long decodes two decode nodes
+    best = [b["best"] for b in w["best"]]
+    assert best == ["3 collocated", "1P2D", "3 collocated"]
+    first = w["best"][0]["values"]
+    assert first["3 collocated"] <= first["2P1D"] < first["1P2D"]
+    assert w["pattern"] == best and w["oscillating"] is True and w["switches"] == 2
     assert (
-        "alternates between windows (2P1D -> 1P2D -> 2P1D)"
+        "alternates between windows (3 collocated -> 1P2D -> 3 collocated)"
         in alternating["recommendation"]["reason"]
     )
 
@@ -210,3 +220,38 @@ def test_a_relaunch_loses_the_nodes_kv_and_can_outlast_the_run(db: Path) -> None
     # the trace is served before the 700 s relaunch (SimConfig.relaunch_s) ends: the switch
     # time is the lower bound up to the run's end
     assert not sw.finished and sw.switch_time_s > 0
+
+
+def test_should_i_disaggregate_at_all(db: Path) -> None:
+    """A run on three collocated engines (no PD split): its own configuration is the
+    collocated candidate, ranked against every split with the same seed intervals."""
+    result = advise(load_run(db, "prefill"), profile="h200", seeds=2)
+    names = [s.split for s in result.splits]
+    assert set(names) == {"3 collocated", "2P1D", "1P2D"} and names[-1] == "1P2D"
+    assert result.current == "3 collocated"
+    col = next(s for s in result.splits if s.split == "3 collocated")
+    assert (col.prefill, col.decode, col.switch) == (0, 0, None)
+    for m in col.metrics.values():
+        v = np.array(m.seeds)
+        half = stats.t.ppf(0.975, 1) * v.std(ddof=1) / np.sqrt(2)
+        assert m.ci95 == pytest.approx((max(v.mean() - half, 0.0), v.mean() + half))
+    # every node prefills: TTFT as low as two prefill nodes give, far below one
+    one = next(s for s in result.splits if s.split == "1P2D")
+    assert col.metrics["ttft_mean_s"].mean < 1.0 < one.metrics["ttft_mean_s"].mean
+    rec = result.recommendation
+    assert rec.stay_value == col.metrics["e2e_mean_s"].mean
+    if rec.split == "3 collocated":
+        assert rec.reason.startswith("stay on 3 collocated")
+    else:
+        assert "relaunches the engines in their new roles" in rec.reason
+    # the table names it and the collocated baseline can be left out
+    res = runner.invoke(app, ["advise", str(db), "--run", "prefill", "--profile", "h200",
+                              "--seeds", "1", "--no-collocated", "--json"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert [s["split"] for s in json.loads(res.stdout)["splits"]] == ["2P1D", "1P2D"]
+    res = runner.invoke(
+        app, ["advise", str(db), "--run", "alternating", "--seeds", "1", "--window", "10"]
+    )
+    assert res.exit_code == 0, res.output
+    assert "PD splits and collocated engines of 3 nodes" in res.stdout
+    assert "†" in res.stdout and "its cost is not modelled" in res.stdout

@@ -91,7 +91,7 @@ def test_cli_writes_the_file(run, tmp_path: Path):
     assert res.exit_code == 0, res.output
     assert f"run {summary['run_id']}, 2 figures" in res.output
     page = out.read_text(encoding="utf-8")
-    assert page.count("Plotly.newPlot(") == 2 and "TTFT and E2E latency distributions" in page
+    assert page.count("Plotly.newPlot(") == 2 and "TTFT, TPOT and E2E latency distributions" in page
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,10 @@ An optional `llmservingsim_validation.txt` (LLMServingSim's own summary of its r
 run: mean TTFT, TPOT and latency, vLLM and Sim, ms) goes into `reference_latency`, the peer's
 figures `pdlab validate` shows.
 
+An optional `timeseries.csv` (the bench's per-tick engine counters: running and waiting
+requests, KV cache use, token throughputs) goes into `reference_series` (source 'real',
+scope 'cluster'; toolkit.importers.bench_series), which `pdlab report` draws.
+
 An optional `cluster_config.json` (LLMServingSim's description of the machine the run
 used) adds the interconnect between an engine's GPUs, `link_bw` (GB/s) and `link_latency`
 (ns), to the config's "interconnect" (what TP/EP collectives cost: the twin prices them
@@ -43,6 +47,7 @@ from cluster import size_limits as limits
 from cluster.hardware.engine_settings import GIB, EngineSettings
 from cluster.hardware.model_shape import ModelShape
 from toolkit.importers.bench_run import BenchRun
+from toolkit.importers.bench_series import read_series
 from toolkit.importers.fields import MAX_SPAN_S, Fields, ImportFileError, json_lines, load_json
 
 SAME_CLOCK_S = 100_000.0  # two timestamps within ~a day are on one clock (bench validate.py)
@@ -384,6 +389,10 @@ def read_vllm_bench(
             "e2e": "t_done - t_arrival",
         },
     }
+    series, series_info = read_series(d / "timeseries.csv")
+    if series is not None:
+        run.extra["reference_series"] = series
+        run.config["series"] = series_info
     peers = _peer_means(d / "llmservingsim_validation.txt")
     if peers is not None:
         run.extra["reference_latency"] = peers

@@ -1,5 +1,10 @@
-"""The house look of the figure library (SPEC §7 figures): colors, titles, empty figures and
-panels, percent axes.
+"""The house look of every figure pdlab shows (SPEC §7 figures): template, colors, titles,
+empty figures and panels, percent axes.
+
+`TEMPLATE` ("pdlab", registered with plotly.io) is plotly_white with the node palette as
+its colorway, one font and hover labels that keep long request lists readable; `style`
+applies it with a title (and the run id) to the library's figures, `house` to any other
+figure a user sees (notebooks, the dashboard) from its title and axis titles.
 
 A figure function of `toolkit.plots` runs one query function of `toolkit.queries` (DuckDB
 in, polars and plain values out) and one drawing function (that data in, a plotly `Figure`
@@ -16,6 +21,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import plotly.graph_objects as go
+import plotly.io as pio
 
 # Plotly's and D3's qualitative palettes: 20 distinguishable node colors, then they repeat.
 NODE_COLORS = (
@@ -50,23 +56,66 @@ PHASE_COLORS = {
 
 
 PANEL_MESSAGE = "panel-message"  # the `name` of a panel_message annotation
+FONT = "Inter, 'Helvetica Neue', Arial, 'DejaVu Sans', sans-serif"
+
+
+def _template() -> go.layout.Template:
+    t = go.layout.Template(pio.templates["plotly_white"])
+    t.layout.colorway = NODE_COLORS
+    t.layout.font = {"family": FONT, "size": 12, "color": "#222"}
+    t.layout.title = {"font": {"size": 16}, "x": 0.01, "xanchor": "left"}
+    t.layout.hoverlabel = {"align": "left", "font": {"family": FONT, "size": 11}}
+    t.layout.legend = {"tracegroupgap": 2, "font": {"size": 11}}
+    return t
+
+
+TEMPLATE = "pdlab"
+pio.templates[TEMPLATE] = _template()
 
 
 def node_color(node_id: int) -> str:
     return NODE_COLORS[int(node_id) % len(NODE_COLORS)]
 
 
-def title_text(title: str, run_id: str, note: str | None = None) -> str:
-    sub = f"run {run_id}" + (f" · {note}" if note else "")
-    return f"{title}<br><sup>{sub}</sup>"
+def title_text(title: str, run_id: str | None, note: str | None = None) -> str:
+    sub = " · ".join(x for x in (f"run {run_id}" if run_id else None, note) if x)
+    return f"{title}<br><sup>{sub}</sup>" if sub else title
+
+
+def house(
+    fig: go.Figure,
+    title: str,
+    *,
+    x: str | None = None,
+    y: str | None = None,
+    note: str | None = None,
+    height: int | None = None,
+    legend: str | None = None,
+) -> go.Figure:
+    """The house look for a figure built outside the library (a notebook's, the
+    dashboard's): the template, a title with an optional note, axis titles with their units
+    (`x`, `y`: "what (unit)"), the legend's title (`legend`, or none)."""
+    fig.update_layout(
+        template=TEMPLATE,
+        title={"text": title_text(title, None, note)},
+        legend_title_text=legend or "",
+        meta={"pdlab_title": title},
+    )
+    if height is not None:
+        fig.update_layout(height=height)
+    if x is not None:
+        fig.update_xaxes(title_text=x)
+    if y is not None:
+        fig.update_yaxes(title_text=y)
+    return fig
 
 
 def style(
     fig: go.Figure, title: str, run_id: str, note: str | None = None, height: int = 480
 ) -> go.Figure:
-    """The house look: white template, title with the run id, legend on the right."""
+    """The house look: the template, title with the run id, legend on the right."""
     fig.update_layout(
-        template="plotly_white",
+        template=TEMPLATE,
         title={"text": title_text(title, run_id, note), "x": 0.01, "xanchor": "left"},
         height=height,
         margin={"l": 70, "r": 30, "t": 90, "b": 60},
@@ -92,7 +141,7 @@ def no_data(title: str, run_id: str | None, message: str, height: int = 360) -> 
     fig.update_yaxes(visible=False)
     sub = f"<br><sup>run {run_id}</sup>" if run_id is not None else ""
     fig.update_layout(
-        template="plotly_white",
+        template=TEMPLATE,
         title={"text": title + sub, "x": 0.01, "xanchor": "left"},
         height=height,
         meta={"pdlab_title": title, "run_id": run_id, "empty": message},
@@ -140,7 +189,7 @@ def percent_axis(
     if zero or lo_r <= hi - lo:
         lo_r = 0.0
     hi_r += headroom * (hi_r - lo_r)
-    step = _round_step((hi_r - lo_r) / ticks)
+    step = round_step((hi_r - lo_r) / ticks)
     decimals = max(0, -math.floor(math.log10(100 * step) + 1e-9))
     return {
         "range": [lo_r, hi_r],
@@ -150,7 +199,7 @@ def percent_axis(
     }
 
 
-def _round_step(raw: float) -> float:
+def round_step(raw: float) -> float:
     """The 1, 2, 5 x 10^k step nearest to `raw` (on a log scale)."""
     exp = math.floor(math.log10(raw))
     steps = [m * 10.0**exp for m in (1.0, 2.0, 5.0, 10.0)]

@@ -1,6 +1,7 @@
-"""TTFT and end-to-end latency distributions (SPEC §5 metrics; paper 000 §6 evaluation).
+"""TTFT, TPOT and end-to-end latency distributions (SPEC §5 metrics; paper 000 §6 evaluation).
 
-Each panel is an empirical CDF on a log time axis, read from the log-binned histograms of
+Each panel (time to first token, time per output token after the first, end-to-end) is an
+empirical CDF on a log time axis, read from the log-binned histograms of
 `toolkit.queries.latency` (exact at every bin edge), with dotted lines at the mean, P50 and
 P95; the subtitle says when the quantiles come from a hash sample. `by` draws one curve per
 prefill or decode node instead of one for all requests.
@@ -24,7 +25,12 @@ from toolkit.queries.latency import (
 )
 from toolkit.queries.run import Source, open_run
 
-TITLE = "TTFT and E2E latency distributions"
+TITLE = "TTFT, TPOT and E2E latency distributions"
+PANELS = {
+    "ttft": "time to first token (TTFT)",
+    "tpot": "time per output token (TPOT)",
+    "e2e": "end-to-end latency (E2E)",
+}
 
 
 def latency_distributions(
@@ -34,7 +40,7 @@ def latency_distributions(
     by: str | None = None,
     include_warmup: bool = False,
 ) -> go.Figure:
-    """Empirical CDFs of TTFT and E2E (all requests, or one curve per node with `by`)."""
+    """Empirical CDFs of TTFT, TPOT and E2E (all requests, or one curve per node with `by`)."""
     with open_run(db, run_id) as run:
         data = latency_data(run, by=by, include_warmup=include_warmup)
     return draw_latency(data)
@@ -46,10 +52,7 @@ def draw_latency(data: LatencyData) -> go.Figure:
         return no_data(TITLE, data.run_id, data.missing)
     stats, hist, by, t0 = data.stats, data.hist, data.by, data.t0
     fig = make_subplots(
-        rows=1,
-        cols=2,
-        subplot_titles=("time to first token (TTFT)", "end-to-end latency (E2E)"),
-        horizontal_spacing=0.09,
+        rows=1, cols=len(PANELS), subplot_titles=list(PANELS.values()), horizontal_spacing=0.06
     )
     groups = stats["g"].to_list()
     in_legend: set[str] = set()
@@ -57,7 +60,7 @@ def draw_latency(data: LatencyData) -> go.Figure:
         srow = stats.filter(pl.col("g") == g).row(0, named=True)
         color = "#1f77b4" if by is None else node_color(_node_index(g, gi))
         label = "all requests" if by is None else f"{by.replace('_', ' ')} {g}"
-        for col, metric in enumerate(("ttft", "e2e"), start=1):
+        for col, metric in enumerate(PANELS, start=1):
             part = hist.filter((pl.col("g") == g) & (pl.col("metric") == metric))
             if part.is_empty():
                 continue
@@ -86,14 +89,15 @@ def draw_latency(data: LatencyData) -> go.Figure:
             marks = {"mean": srow[f"{metric}_mean"], "P50": q[0], "P95": q[1]}
             if len(groups) == 1:
                 _mark_stats(fig, marks, col)
-    for col in (1, 2):
-        fig.update_xaxes(title_text="latency (s, log scale)", type="log", row=1, col=col)
-    fig.update_yaxes(
-        title_text="fraction of requests ≤ x", tickformat=".0%", range=[0, 1.02], row=1, col=1
-    )
-    fig.update_yaxes(tickformat=".0%", range=[0, 1.02], row=1, col=2)
+    for col, metric in enumerate(PANELS, start=1):
+        what = "s per token" if metric == "tpot" else "s"
+        fig.update_xaxes(title_text=f"{metric.upper()} ({what}, log scale)", type="log", col=col)
+        fig.update_yaxes(tickformat=".0%", range=[0, 1.02], row=1, col=col)
+    fig.update_yaxes(title_text="share of requests ≤ x", row=1, col=1)
     if not int(stats["n_ttft"].sum()):
         panel_message(fig, 1, 1, "no request logged t_first_token: TTFT unknown")
+    if not int(stats["n_tpot"].sum()):
+        panel_message(fig, 1, 2, "no request with t_first_token and ≥ 2 output tokens")
     all_n = int(stats["n"].sum())
     note = f"{all_n:,} finished requests" + (
         "" if data.include_warmup else f" arriving after the {t0:g} s warmup"
@@ -101,6 +105,7 @@ def draw_latency(data: LatencyData) -> go.Figure:
     if data.sample_rows is not None:
         note += f"; quantiles from a {data.sample_rows:,}-request hash sample"
     fig = style(fig, TITLE, data.run_id, note, height=440)
+    fig.update_layout(legend={"orientation": "h", "y": -0.2, "x": 0})
     fig.layout.meta["stats"] = _stats_meta(stats)
     return fig
 
@@ -142,14 +147,9 @@ def _node_index(g: Any, fallback: int) -> int:
 def _stats_meta(stats: pl.DataFrame) -> dict[str, dict[str, float | None]]:
     out = {}
     for r in stats.iter_rows(named=True):
-        tq, eq = r["ttft_q"] or [None, None], r["e2e_q"] or [None, None]
-        out[str(r["g"])] = {
-            "requests": r["n"],
-            "mean_ttft_s": r["ttft_mean"],
-            "p50_ttft_s": tq[0],
-            "p95_ttft_s": tq[1],
-            "mean_e2e_s": r["e2e_mean"],
-            "p50_e2e_s": eq[0],
-            "p95_e2e_s": eq[1],
-        }
+        entry: dict[str, float | None] = {"requests": r["n"]}
+        for m in PANELS:
+            q = r[f"{m}_q"] or [None, None]
+            entry |= {f"mean_{m}_s": r[f"{m}_mean"], f"p50_{m}_s": q[0], f"p95_{m}_s": q[1]}
+        out[str(r["g"])] = entry
     return out

@@ -13,7 +13,11 @@ keep the requested speed on this machine). A background thread refreshes it ever
 notebooks executed headless). The plots are filled from the whole timeline
 (`GET /v1/timeline`) and the planner's last evaluation on every refresh and shown as
 widget state (live_plot.LivePlot), so every view of them, one drawn later included (a cell
-scrolled back into view, a reopened notebook), draws them as they are.
+scrolled back into view, a reopened notebook), draws them as they are. Time axes name the
+cluster's clock (simulated, or wall time for real engines); a switch the status line
+announced is reported done once its nodes serve their new phase. Below, where the run's
+database is readable here, each node's prefill and decode passes of a recent window with
+the requests in each (pass_timeline.PassTimelineView).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import ipywidgets as w
 from toolkit.client import PdlabApiError, PdlabClient
 from toolkit.widgets import figures
 from toolkit.widgets.live_plot import LivePlot
+from toolkit.widgets.pass_timeline import PassTimelineView
 
 _PHASE_COLORS = {"prefill": figures.PREFILL_COLOR, "decode": figures.DECODE_COLOR}
 
@@ -81,6 +86,16 @@ def _shadow_text(shadow: dict[str, Any] | None) -> str:
     )
 
 
+def _kv_line(n: dict[str, Any], phase: str) -> str:
+    """What a node's KV holds. A prefill node's GPU KV is its prefix cache, full by design
+    (cached prefixes stay until evicted): its share says how much is cached, not pressure."""
+    gpu = _pct(n["kv_gpu_used"], n["kv_gpu_capacity"])
+    host = _pct(n["kv_host_used"], n["kv_host_capacity"])
+    if phase == "prefill":
+        return f"GPU prefix cache {gpu} full (evictable) · host {host}"
+    return f"KV GPU {gpu} · host {host}"
+
+
 class NodeCard:
     """One node: a status block and a button switching it to the other phase."""
 
@@ -93,7 +108,7 @@ class NodeCard:
         self.button.on_click(lambda _b: on_switch(node_id))
         self.box = w.VBox(
             [self.info, self.button],
-            layout=w.Layout(border="1px solid #ccc", padding="6px", margin="2px", width="215px"),
+            layout=w.Layout(border="1px solid #ccc", padding="6px", margin="2px", width="235px"),
         )
         self.box.add_class("pdlab-node-card")
 
@@ -111,8 +126,7 @@ class NodeCard:
             f"<span style='color:white;background:{color};padding:1px 5px;border-radius:3px'>"
             f"{phase}</span><br><small>{html.escape(state)}</small><br>"
             f"queue {n['queue']} · running {n['running']}<br>"
-            f"KV GPU {_pct(n['kv_gpu_used'], n['kv_gpu_capacity'])} · "
-            f"host {_pct(n['kv_host_used'], n['kv_host_capacity'])}"
+            f"<small>{_kv_line(n, phase)}</small>"
         )
         target = _other(phase)
         self.button.description = (
@@ -140,6 +154,7 @@ class ClusterDashboard:
         refresh_s: float = 2.0,
         client: PdlabClient | None = None,
         lag_warn_s: float = 2.0,
+        timeline: bool = True,
     ) -> None:
         if client is None:
             env = PdlabClient.from_env()
@@ -157,6 +172,10 @@ class ClusterDashboard:
         self._thread: threading.Thread | None = None
         self._syncing = False  # set while refresh writes control values (no callbacks)
         self.cards: dict[int, NodeCard] = {}
+        # A switch the status line announced, until its nodes serve their new phase:
+        # (the message shown, node -> phase it goes to, what to say when done)
+        self._pending: tuple[str, dict[int, str], str] | None = None
+        self.simulated = True  # the cluster's clock: simulated, or wall time (real engines)
 
         self.header = w.HTML()
         self.lag_badge = w.HTML()
@@ -170,9 +189,14 @@ class ClusterDashboard:
         self.split_plot = LivePlot(self.split_fig)
         self.latency_plot = LivePlot(self.latency_fig)
         self.gains_plot = LivePlot(self.gains_fig)
+        self.timeline = PassTimelineView() if timeline else None
         self.mode = w.ToggleButtons(options=["auto", "advise", "off"], description="planner")
         self.mode.observe(self._on_mode, names="value")
-        self.apply_button = w.Button(description="apply recommended split", button_style="success")
+        self.apply_button = w.Button(
+            description="apply recommended split",
+            button_style="success",
+            layout=w.Layout(width="auto", min_width="210px"),
+        )
         self.apply_button.add_class("pdlab-apply")
         self.apply_button.on_click(lambda _b: self.apply_recommended())
         self.recommendation = w.HTML()
@@ -195,6 +219,7 @@ class ClusterDashboard:
                 self.recommendation,
                 self.gains_plot,
                 w.HBox([self.policy, self.copy_price, self.router_button]),
+                *([self.timeline.widget] if self.timeline is not None else []),
             ]
         )
         self.widget.add_class("pdlab-dashboard")
@@ -242,7 +267,12 @@ class ClusterDashboard:
                 self._error(f"cannot refresh: {err}")
                 return False
             self.health, self.state, self.planner_state = health, state, planner
+            # A paced simulation reports its lag; real engines name their source.
+            self.simulated = "lag_s" in health and state.get("source") is None
             self._draw(state, timeline, planner)
+            self._check_pending(state)
+            if self.timeline is not None and health.get("run_id"):
+                self.timeline.update(health.get("db"), str(health["run_id"]), float(state["time"]))
             if self.last_error and self.last_error.startswith("cannot refresh"):
                 self._clear_error()
             self._draw_health(health)
@@ -255,7 +285,7 @@ class ClusterDashboard:
             self.lag_badge.value = (
                 "<span style='background:#e65100;color:white;padding:2px 6px;"
                 "border-radius:3px;margin-left:8px'>"
-                f"⏱ {lag_s:.0f} simulated s behind the wall clock ({lag_s / speed:.1f} s "
+                f"⚠ lag: {lag_s:.0f} simulated s behind the wall clock ({lag_s / speed:.1f} s "
                 f"at {speed:g}×): the simulator cannot keep this speed here</span>"
             )
         else:
@@ -278,6 +308,8 @@ class ClusterDashboard:
             self.cards_box.children = [c.box for c in self.cards.values()]
         for n in s["nodes"]:
             self.cards[n["id"]].update(n)
+        for fig in (self.split_fig, self.latency_fig):
+            figures.time_axis(fig, self.simulated)
         figures.update_split(self.split_fig, timeline["split"], timeline["time"])
         figures.update_latency(self.latency_fig, timeline["samples"])
         decision = planner.get("last_decision")
@@ -317,6 +349,21 @@ class ClusterDashboard:
             f"(from {d['current_prefill']}P: {moves})"
         )
 
+    def _check_pending(self, s: dict[str, Any]) -> None:
+        """Once every node of the announced switch serves its new phase, say so (the status
+        line must not keep saying "switching" after the switch finished)."""
+        if self._pending is None:
+            return
+        shown, moves, done = self._pending
+        nodes = {n["id"]: n for n in s["nodes"]}
+        if all(
+            i in nodes and nodes[i]["switching"] is None and nodes[i]["phase"] == phase
+            for i, phase in moves.items()
+        ):
+            self._pending = None
+            if self.last_error is None and self.last_message == shown:
+                self._ok(f"{done} at t ≈ {s['time']:.1f} s")
+
     # ---- status line ----------------------------------------------------------------------------
     def _error(self, message: str) -> None:
         self.last_error = message
@@ -354,10 +401,13 @@ class ClusterDashboard:
             f"switch node {node_id} → {phase}", lambda: self.client.switch(node_id, phase)
         )
         if out is not None:
-            self._ok(
-                f"node {node_id}: {out['from_phase']} → {out['to_phase']} at t={out['t_decided']:.1f} s "
-                f"({out['status']})"
-            )
+            what = f"node {node_id}: {out['from_phase']} → {out['to_phase']}"
+            message = f"{what} decided at t={out['t_decided']:.1f} s ({out['status']})"
+            self._ok(message)
+            if out["status"] != "done":
+                self._pending = (message, {node_id: out["to_phase"]}, f"{what} done")
+                if self.state is not None:
+                    self._check_pending(self.state)
         return out
 
     def _on_mode(self, change: dict[str, Any]) -> None:
@@ -374,9 +424,14 @@ class ClusterDashboard:
         out = self._act("apply recommended split", self.client.apply_planner)
         if out is not None:
             d = out["decision"]
-            self._ok(
-                f"applying {d['chosen_prefill']}P: switching node(s) {', '.join(map(str, out['started']))}"
-            )
+            nodes = ", ".join(map(str, out["started"]))
+            message = f"applying {d['chosen_prefill']}P: switching node(s) {nodes}"
+            self._ok(message)
+            moves = {m["node"]: m["to_phase"] for m in d["switches"] if m["node"] in out["started"]}
+            if moves:
+                self._pending = (message, moves, f"applied {d['chosen_prefill']}P: node(s) {nodes}")
+                if self.state is not None:
+                    self._check_pending(self.state)
         return out
 
     def set_router(

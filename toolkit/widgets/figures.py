@@ -1,9 +1,11 @@
 """The dashboard's plotly figures: PD split, latency and planner gains.
 
-Each builder returns an empty `go.Figure` and each updater rewrites its traces in one
-`batch_update`; the dashboard shows each through a `live_plot.LivePlot`. The gains plot
-shows paper 000 Eq. 6: every candidate prefill count's mean gain with error bars of
-2·std/√m (a candidate qualifies when its mean exceeds that bar).
+Each builder returns an empty `go.Figure` in the house template (`toolkit.plots.common`)
+and each updater rewrites its traces in one `batch_update`; the dashboard shows each
+through a `live_plot.LivePlot`. Time axes say which clock they show (`time_axis`: the
+simulator's, or wall time for real engines). The gains plot shows paper 000 Eq. 6: every
+candidate prefill count's mean gain with error bars of 2·std/√m (a candidate qualifies when
+its mean exceeds that bar).
 """
 
 from __future__ import annotations
@@ -13,21 +15,34 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from toolkit.plots.common import TEMPLATE, title_text
+
 PREFILL_COLOR = "#1f77b4"
 DECODE_COLOR = "#ff7f0e"
 _LAYOUT = {
-    "height": 260,
+    "height": 270,
     "width": 510,  # two side by side fit a notebook beside the file browser
-    "margin": {"l": 50, "r": 10, "t": 36, "b": 36},
-    "template": "plotly_white",
+    "margin": {"l": 56, "r": 10, "t": 58, "b": 40},
+    "template": TEMPLATE,
 }
+SIMULATED = "simulated time (s)"
+WALL = "wall time since the run started (s)"
+GAINS_TITLE = "Planner candidates (Eq. 6)"
+
+
+def time_axis(fig: go.Figure, simulated: bool) -> None:
+    """Name the x axis after the clock the cluster runs on."""
+    fig.update_xaxes(title_text=SIMULATED if simulated else WALL)
 
 
 def split_figure() -> go.Figure:
-    fig = go.Figure(layout={**_LAYOUT, "title": "PD split", "yaxis_title": "nodes"})
+    fig = go.Figure(layout={**_LAYOUT, "title": {"text": "PD split over time"}})
     for name, color in (("prefill", PREFILL_COLOR), ("decode", DECODE_COLOR)):
-        fig.add_scatter(x=[], y=[], name=name, mode="lines", line={"shape": "hv", "color": color})
-    fig.update_xaxes(title_text="simulated time (s)")
+        fig.add_scatter(
+            x=[], y=[], name=f"{name} nodes", mode="lines", line={"shape": "hv", "color": color}
+        )
+    fig.update_yaxes(title_text="nodes", dtick=1, tick0=0, rangemode="tozero", tickformat="d")
+    time_axis(fig, simulated=True)
     return fig
 
 
@@ -43,10 +58,12 @@ def update_split(fig: go.Figure, split: list[dict[str, Any]], now: float) -> Non
 
 
 def latency_figure() -> go.Figure:
-    fig = go.Figure(layout={**_LAYOUT, "title": "latency (rolling)", "yaxis_title": "s"})
-    for name in ("TTFT p50", "TTFT p95", "E2E p50"):
+    title = title_text("Latency of recent requests", None, "over the server's rolling window")
+    fig = go.Figure(layout={**_LAYOUT, "title": {"text": title}})
+    for name in ("median TTFT", "P95 TTFT", "median E2E"):
         fig.add_scatter(x=[], y=[], name=name, mode="lines")
-    fig.update_xaxes(title_text="simulated time (s)")
+    fig.update_yaxes(title_text="latency (s)", rangemode="tozero")
+    time_axis(fig, simulated=True)
     return fig
 
 
@@ -61,13 +78,13 @@ def gains_figure() -> go.Figure:
     fig = go.Figure(
         layout={
             **_LAYOUT,
-            "title": "planner candidates: mean gain ± 2·std/√m",
-            "yaxis_title": "Θ gain (req/s)",
+            "title": {"text": title_text(GAINS_TITLE, None, "no evaluation yet")},
+            "yaxis_title": "gain Θ (requests/s)",
             "showlegend": False,
         }
     )
     fig.add_bar(x=[], y=[], error_y={"type": "data", "array": []}, marker={"color": []})
-    fig.update_xaxes(title_text="prefill nodes", dtick=1)
+    fig.update_xaxes(title_text="prefill nodes of the candidate split", dtick=1, tickformat="d")
     return fig
 
 
@@ -89,6 +106,7 @@ def update_gains(fig: go.Figure, decision: dict[str, Any] | None) -> None:
         bar.error_y.array = err
         bar.marker.color = colors
         t = (decision or {}).get("t")
-        fig.layout.title.text = "planner candidates: mean gain ± 2·std/√m" + (
-            f" (window ending t={t:.0f} s)" if t is not None else " (no evaluation yet)"
+        sub = "mean gain ± 2·std/√m per candidate" + (
+            f", window ending t={t:.0f} s" if t is not None else ": no evaluation yet"
         )
+        fig.layout.title.text = title_text(GAINS_TITLE, None, sub)

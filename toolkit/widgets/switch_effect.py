@@ -32,6 +32,8 @@ import numpy as np
 import plotly.graph_objects as go
 import polars as pl
 
+from toolkit.plots.common import style
+
 BOOTSTRAP = 1000
 
 
@@ -212,12 +214,13 @@ def switch_effect_figure(
         annotation_text=f"node {sw['node_id']} {sw['from_phase']} → {sw['to_phase']} "
         f"({sw['trigger']})",
     )
-    fig.update_layout(
-        title=f"latency around the switch of node {sw['node_id']} (run {run_id}; "
-        f"capped at {h:.3g} s, requests in flight counted)",
-        xaxis_title="arrival time (s)",
-        yaxis_title="seconds",
-        template="plotly_white",
+    return style(
+        fig.update_yaxes(title_text="mean latency (s)", rangemode="tozero").update_xaxes(
+            title_text=f"arrival time, {float(bin_s):g}-s bins (s since run start)"
+        ),
+        f"Latency around the switch of node {sw['node_id']}",
+        run_id,
+        f"capped at {h:.3g} s, requests in flight counted; orange: from the decision to the "
+        "node serving its new phase",
         height=380,
     )
-    return fig

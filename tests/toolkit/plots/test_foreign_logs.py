@@ -102,7 +102,7 @@ def test_the_messages_name_the_missing_columns(foreign_db):
     messages = [a.text for a in load.layout.annotations if a.name == PANEL_MESSAGE]
     assert len(messages) == 2 and all("t_prefill_start" in m for m in messages)
     latency = FIGURES["latency"](foreign_db)
-    (ttft,) = [a.text for a in latency.layout.annotations if a.name == PANEL_MESSAGE]
-    assert "t_first_token" in ttft
-    # Unlogged first-token times are not counted as TTFTs of zero.
+    ttft, tpot = [a.text for a in latency.layout.annotations if a.name == PANEL_MESSAGE]
+    assert "t_first_token" in ttft and "t_first_token" in tpot
+    # Unlogged first-token times are not counted as TTFTs (or TPOTs) of zero.
     assert {t.meta["metric"] for t in latency.data} == {"e2e"}

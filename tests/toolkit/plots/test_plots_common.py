@@ -15,6 +15,8 @@ from toolkit.queries.run import time_bin_width
 EMPTY_MESSAGES = {
     "split": "no nodes or phase switches",  # the empty run has nodes: see the test below
     "latency": "no finished requests",
+    "queue": "no finished requests or recorded engine series",
+    "timeline": "no prefill or decode passes logged",
     "reuse": "no requests that started prefill",
     "load": "no iterations or prefilled requests",
     "planner": "no planner windows logged",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from toolkit.client import PdlabClient, ServerProcess, free_port, launch_server
+from toolkit.client import PdlabClient, ServerProcess, free_port, launch_server, switchable
 from toolkit.widgets import ClusterDashboard, figures
 from toolkit.widgets.live_plot import PLOTLY_MIME, LivePlot
 
@@ -101,7 +101,8 @@ def test_router_and_planner_controls(dash: ClusterDashboard, server: ServerProce
         dash.mode.value = "advise"
         assert c.planner()["mode"] == "advise"
     dash.apply_button.click()  # a refusal (switch pending, nothing qualified) is a message
-    assert ("applying" in dash.status.value) != (dash.last_error is not None)
+    applied = "applying" in dash.status.value or "applied" in dash.status.value
+    assert applied != (dash.last_error is not None)
 
 
 def test_background_refresh_updates_and_stops(dash: ClusterDashboard) -> None:
@@ -160,7 +161,7 @@ def test_a_view_opened_later_starts_from_the_plots_as_they_are(dash: ClusterDash
 def test_a_live_plot_redraws_only_a_changed_figure() -> None:
     fig = figures.latency_figure()
     plot = LivePlot(fig)
-    assert plot.shown_figure()["layout"]["title"]["text"] == "latency (rolling)"
+    assert plot.shown_figure()["layout"]["title"]["text"].startswith("Latency of recent requests")
     assert [len(t["x"]) for t in plot.shown_figure()["data"]] == [0, 0, 0]
     assert not plot.redraw()  # unchanged: nothing sent
     figures.update_latency(fig, {"t": [1.0, 2.0], "ttft_p50_s": [0.1, 0.2]})
@@ -194,8 +195,57 @@ def test_a_badge_shows_when_the_simulation_lags_the_wall_clock(tmp_path: Path) -
             time.sleep(0.5)
         assert d.health is not None and d.health["lag_s"] / 5_000 > d.lag_warn_s
         assert "simulated s behind the wall clock" in d.lag_badge.value
+        assert "⚠ lag:" in d.lag_badge.value and "⏱" not in d.lag_badge.value  # a glyph fonts have
         assert "at 5000×" in d.lag_badge.value and d.last_error is None
         with srv.client(timeout_s=2.0) as c:  # a lagging simulation still answers at once
             c.health()
     finally:
         srv.stop()
+
+
+def test_the_status_says_done_once_the_switch_finished(
+    dash: ClusterDashboard, server: ServerProcess
+) -> None:
+    with server.client() as c:
+        for n in c.cluster()["nodes"]:  # no switch of an earlier test still draining
+            if n["switching"]:
+                c.wait_for_phase(n["id"], n["switching"]["to_phase"], timeout_s=30)
+        nid, target = switchable(c.cluster())[0]
+        back = "prefill" if target == "decode" else "decode"
+        out = dash.switch_node(nid, target)
+        assert out is not None, dash.last_error
+        c.wait_for_phase(nid, target, timeout_s=30)
+        dash.refresh()
+        assert f"node {nid}: {back} → {target} done at t ≈" in dash.status.value
+        assert "switching" not in dash.status.value
+        assert dash.switch_node(nid, back) is not None  # as it was, for the other tests
+        c.wait_for_phase(nid, back, timeout_s=30)
+
+
+def test_cards_axes_and_the_pass_timeline(dash: ClusterDashboard) -> None:
+    deadline = time.monotonic() + 20
+    while True:  # the server flushes telemetry every few wall seconds
+        assert dash.refresh()
+        assert dash.timeline is not None
+        h, st = dash.health, dash.state
+        assert h is not None and st is not None
+        drawn = dash.timeline.update(h["db"], h["run_id"], st["time"], force=True)
+        if drawn and any(t.type in ("bar", "heatmap") for t in dash.timeline.figure.data):
+            break
+        assert time.monotonic() < deadline, dash.timeline.note.value
+        time.sleep(0.5)
+    fig = dash.timeline.figure
+    assert fig.layout.meta["pdlab_title"] == "Iteration timeline per node"
+    bars = [t for t in fig.data if t.type == "bar"]
+    if bars:  # single passes: the hover names the pass and its requests
+        text = "".join("".join(b.hovertext) for b in bars)
+        assert "pass" in text and " ms" in text
+    shown = dash.timeline.plot.shown_figure()
+    assert shown["layout"]["meta"]["pdlab_title"] == "Iteration timeline per node"
+    # A simulated cluster's clock, integer node ticks, a prefill node's KV as a cache.
+    assert dash.simulated
+    assert dash.split_fig.layout.xaxis.title.text == figures.SIMULATED
+    assert dash.split_fig.layout.yaxis.dtick == 1
+    for card in dash.cards.values():
+        assert ("GPU prefix cache" in card.info.value) == ("prefill</span>" in card.info.value)
+    assert dash.apply_button.layout.width == "auto"
