@@ -385,8 +385,8 @@ class SimConfig:
     def _validate_sizes(self) -> None:
         """Every count and size against its ceiling (cluster.size_limits), before anything
         is allocated: a typo must not build a hundred million agents."""
-        for spec in _LIMITED:
-            limits.check(spec.label, getattr(self, spec.field), spec.limit)
+        for spec, limit in _LIMITED:
+            limits.check(spec.label, getattr(self, spec.field), limit)
         limits.check_agents("--agents", self.agents, self.nodes)
 
     def _validate_engine_limits(self) -> None:
@@ -417,7 +417,7 @@ class SimConfig:
 # The fields with a command-line flag (`pdlab simulate`, `serve`, `SimOptions`), and those
 # with a ceiling (the first one broken, in field order, is reported).
 CLI_FIELDS = tuple(spec for spec in cli_fields(SimConfig) if spec.flag is not None)
-_LIMITED = tuple(spec for spec in cli_fields(SimConfig) if spec.limit is not None)
+_LIMITED = tuple((spec, spec.limit) for spec in cli_fields(SimConfig) if spec.limit is not None)
 
 
 def engine_profile(cfg: SimConfig, profile: HardwareProfile) -> tuple[HardwareProfile, str]:

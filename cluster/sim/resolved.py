@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from cluster.core import ConfigError, Phase
 from cluster.hardware.profiles import HardwareProfile, load_profile
-from cluster.policies.loader import LoadedPolicy, load_policy
+from cluster.policies.loader import Family, LoadedPolicy, load_policy
 from cluster.policies.scheduling import FCFS
 from cluster.workloads import WorkloadSource, make_workload
 
@@ -79,7 +79,7 @@ def resolve(cfg: SimConfig) -> ResolvedConfig:
     profile, kv_source = cfg.engine_profile(profile)
     split = cfg.split_counts
 
-    def policy(family: str) -> LoadedPolicy:
+    def policy(family: Family) -> LoadedPolicy:
         params = getattr(cfg, f"{family}_params")
         return load_policy(family, cfg.policy_spec(family), params, hook_budget_s=cfg.hook_budget_s)
 
