@@ -7,9 +7,12 @@ Planes). The control plane of `cluster.control.control_plane` makes every decisi
 exactly as it would on a live cluster, and receives the simulated nodes' KV events through
 the same batched entry as live engines' (`ControlPlane.on_kv_events`).
 
-This module is the composition root: `Simulator` builds the layers and wires the upward
-signals, and keeps the public face (`run`, `start`, `step_until`, `finish`, `cp`, `nodes`,
-`requests`, `now`, ...). The layers, lowest first: `kernel` (the event heap), `entities`
+This module is the composition root: `Simulator` assembles the layers from a resolved
+config (`SimConfig.resolve()`, `resolved`: checks, defaults, profile, policies, workload),
+wires the upward signals, and keeps the public face (`run`, `start`, `step_until`,
+`finish`, `cp`, `nodes`, `requests`, `now`, ...). The stages share one `StageContext`
+(`stage`). The layers, lowest first: `fields` and `resolved` (below `config`), `kernel`
+(the event heap), `entities`
 (calls, epochs, program runs), `memory` with `tiered_memory` / `unified_memory` (a node's
 KV), `node`, the engine (`prefill`, `decode_batch` (a node's decode batch as columns),
 `decode`, `mixed`, `engine`: queueing, chunked prefill, transfer, decode epochs,
