@@ -98,6 +98,7 @@ SIM_SECONDS = Limit(0, 1e7, "simulated s", False, "~115 days; also warmup, learn
 KV_TOKENS = Limit(1, 1 << 40, "tokens", why="GPU or host KV tokens of one node")
 GPU_MEMORY_GIB = Limit(0, 16 * TIB_IN_GIB, "GiB", False, "per GPU", True)
 HOOK_BUDGET_S = Limit(0, 3600, "wall s", False, "one policy hook call", True)
+DEFAULT_HOOK_BUDGET_S = 10.0  # its default (cluster.policies.guard), light for the CLI
 PARTITIONS = Limit(1, 1024, "partitions", why="each is a process or a Ray task")
 PROCESSES = Limit(1, 1024, "processes", why="worker processes of a sweep or partitions")
 SWEEP_RUNS = Limit(1, 100_000, "runs", why="points x samples x seeds of one sweep")

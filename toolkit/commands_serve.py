@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from cluster.core import ConfigError, leave_garbage_to_os
+from toolkit.sim_cli import sim_command
 
 if TYPE_CHECKING:
     from cluster.sim.paced import PaceConfig
@@ -68,50 +69,41 @@ def check_sizes(
     limits.check("--max-output-tokens", max_output_tokens, limits.OUTPUT_TOKENS)
 
 
+# The simulation options `serve` offers (SimConfig's fields, toolkit/sim_cli.py), with the
+# defaults of a demo: the cluster shape per kind of engine (DEFAULT_SHAPE), a day's run and
+# no warmup (manual switches work at once).
+SERVE_SIM_OPTIONS = (
+    "workload", "nodes", "split", "agents", "arrival_rate", "duration", "warmup", "learn",
+    "planner", "router", "eviction", "profile", "seed", "window", "slices", "telemetry", "cycle",
+)  # fmt: skip
+SERVE_SIM_OVERRIDES: dict[str, dict[str, object]] = {
+    "nodes": {"default": None, "help": "Number of nodes (default 9; torch: 3)"},
+    "split": {
+        "default": None,
+        "help": "Initial split XPYD, or 'collocated' (default 4P5D; torch: 1P2D)",
+    },
+    "agents": {"help": "Closed loop: concurrent agents (default 126; torch: 8)"},
+    "duration": {
+        "default": 86_400.0,
+        "help": "Seconds before the run ends (simulated; torch: wall seconds of agents)",
+    },
+    "warmup": {
+        "default": 0.0,
+        "help": "Warmup seconds (with --planner gain: collocated, switches refused, for the "
+        "first --learn of them)",
+    },
+}
+
+
+@sim_command(only=SERVE_SIM_OPTIONS, overrides=SERVE_SIM_OVERRIDES)
 def serve_command(
     engines: str = typer.Option(
         "sim",
         help="sim (a simulated cluster paced to wall-clock time) | torch (real torch "
         "engine processes, see --model)",
     ),
-    workload: str = typer.Option("cc", help="putnam | cc | osworld | shift | path to a trace"),
-    nodes: int | None = typer.Option(None, help="Number of nodes (default 9; torch: 3)"),
-    split: str | None = typer.Option(
-        None, help="Initial split XPYD, or 'collocated' (default 4P5D; torch: 1P2D)"
-    ),
-    agents: int | None = typer.Option(
-        None, help="Closed loop: concurrent agents (default 126; torch: 8)"
-    ),
-    arrival_rate: float | None = typer.Option(
-        None, "--arrival-rate", help="Open loop: Poisson agent arrivals per minute"
-    ),
-    duration: float = typer.Option(
-        86_400.0, help="Seconds before the run ends (simulated; torch: wall seconds of agents)"
-    ),
-    warmup: float = typer.Option(
-        0.0,
-        help="Warmup seconds (with --planner gain: collocated, switches refused, for the first "
-        "--learn of them)",
-    ),
-    learn: float | None = typer.Option(
-        None, help="Seconds of collocated learning within --warmup (default: min(300, --warmup))"
-    ),
-    cycle: bool = typer.Option(
-        False,
-        "--cycle",
-        help="Trace: the agents cycle its programs, ignoring arrival times (default: each "
-        "program once, at its arrival time if it has one)",
-    ),
-    planner: str = typer.Option("gain", help="gain | static | dynamo | arrow"),
+    sim: SimOptions = None,  # type: ignore[assignment]  # SERVE_SIM_OPTIONS (toolkit/sim_cli.py)
     planner_mode: str = typer.Option("advise", help="auto | advise | off"),
-    window: float = typer.Option(600.0, help="Planner window T_win (simulated seconds)"),
-    slices: int = typer.Option(10, help="Planner slices m per window"),
-    router: str = typer.Option(
-        "ttft", help="ttft | cache-aware | dynamo | sticky | round-robin | least-loaded"
-    ),
-    eviction: str = typer.Option("branch", help="branch | lru"),
-    profile: str = typer.Option("gb300", help="Hardware preset (gb300, h200) or fit JSON"),
-    seed: int = typer.Option(0, help="Random seed"),
     speed: float = typer.Option(10.0, help="Simulated seconds per wall-clock second"),
     max_lag: float = typer.Option(
         0.0,
@@ -127,7 +119,6 @@ def serve_command(
     ),
     db: Path | None = typer.Option(None, help="DuckDB file the run's telemetry is written to"),
     run_id: str | None = typer.Option(None, "--run-id", help="Run id (default: generated)"),
-    telemetry: str = typer.Option("full", help="full | compact"),
     model: str = typer.Option("tiny-moe", help="torch engines: tiny-moe | small-moe | small-dense"),
     device: str = typer.Option("cpu", help="torch engines: cpu | cuda"),
     token_scale: float = typer.Option(
@@ -173,10 +164,13 @@ def serve_command(
             typer.echo(f"error: {missing}", err=True)  # one line, however narrow
             raise typer.Exit(2)
     d_nodes, d_split, d_agents = DEFAULT_SHAPE[engines]
-    nodes = d_nodes if nodes is None else nodes
-    split = d_split if split is None else split
+    nodes = d_nodes if sim.get("nodes") is None else sim.get("nodes")
+    split = d_split if sim.get("split") is None else sim.get("split")
+    agents, arrival_rate = sim.get("agents"), sim.get("arrival_rate")
     if agents is None and arrival_rate is None:
         agents = d_agents
+    sim = sim.replace(nodes=nodes, split=split, agents=agents)
+    duration = sim.get("duration")
     try:  # before anything starts or allocates: a typo is one line, not 22 GB
         check_sizes(
             engines, port=port, nodes=nodes, agents=agents, duration_s=duration,
@@ -204,24 +198,20 @@ def serve_command(
     if engines == "torch":
         from toolkit.commands_serve_torch import TorchClusterOptions, serve_torch
 
+        opt = sim.get
         opts = TorchClusterOptions(
-            nodes=nodes, split=split, model=model, device=device, seed=seed, eviction=eviction,
-            router=router, planner=planner, planner_mode=planner_mode, window_s=window,
-            slices=slices, profile=profile, engine_args=tuple(engine_arg), workload=workload,
-            agents=agents, arrival_rate_per_min=arrival_rate, duration_s=duration, cycle=cycle,
-            token_scale=token_scale, time_scale=time_scale, max_output_tokens=max_output_tokens,
+            nodes=nodes, split=split, model=model, device=device, seed=opt("seed"),
+            eviction=opt("eviction"), router=opt("router"), planner=opt("planner"),
+            planner_mode=planner_mode, window_s=opt("window"), slices=opt("slices"),
+            profile=opt("profile"), engine_args=tuple(engine_arg), workload=opt("workload"),
+            agents=agents, arrival_rate_per_min=arrival_rate, duration_s=duration,
+            cycle=opt("cycle"), token_scale=token_scale, time_scale=time_scale,
+            max_output_tokens=max_output_tokens,
         )  # fmt: skip
         serve_torch(opts, host=host, port=port, token=token, db=db, run_id=run_id)
         return
     from cluster.sim.paced import PaceConfig
-    from toolkit.sim_options import SimOptions
 
-    sim = SimOptions(
-        workload=workload, nodes=nodes, split=split, agents=agents, arrival_rate=arrival_rate,
-        duration=duration, warmup=warmup, learn=learn, cycle=cycle or None, planner=planner,
-        router=router, eviction=eviction, profile=profile, seed=seed, window=window,
-        slices=slices, telemetry=telemetry,
-    )  # fmt: skip
     pace = PaceConfig(speed=speed, planner_mode=planner_mode, max_lag_wall_s=max_lag)
     _serve_sim(sim, pace, host=host, port=port, token=token, db=db, run_id=run_id)
 

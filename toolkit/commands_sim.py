@@ -1,8 +1,9 @@
 """`pdlab simulate` and `pdlab experiment`: simulate agent workloads on a PD-disaggregated
 cluster (SPEC §5, §7) and reproduce paper 000's qualitative results.
 
-`simulate` turns its options into a SimConfig through `toolkit.sim_options` (shared with
-`sweep` and `serve`), checks it before the progress bar starts, and after the summary says
+`simulate`'s simulation options are SimConfig's fields (their flags, help and defaults
+declared beside each field, built into typer options by `toolkit.sim_cli`); it turns them
+into a SimConfig through `toolkit.sim_options` (shared with `sweep` and `serve`), checks it before the progress bar starts, and after the summary says
 where the telemetry went and what to run on it next.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -19,6 +21,10 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from rich.table import Table
 
 from cluster.core import ConfigError
+from toolkit.sim_cli import sim_command
+
+if TYPE_CHECKING:
+    from toolkit.sim_options import SimOptions
 
 console = Console(stderr=True)
 
@@ -36,125 +42,11 @@ def forms_line(forms: dict[str, str]) -> str:
     return "; ".join(parts)
 
 
+@sim_command()
 def simulate_command(
-    workload: str = typer.Option("cc", help="putnam | cc | osworld | shift | path to a trace file"),
-    nodes: int = typer.Option(9, help="Number of nodes (each 4 GPUs in the presets)"),
-    split: str = typer.Option("4P5D", help="Initial split XPYD, or 'collocated'"),
-    agents: int | None = typer.Option(
-        None,
-        help="Closed loop: concurrent agents (default 126 unless --arrival-rate; a trace with "
-        "arrival times replays them instead, unless --cycle)",
-    ),
-    arrival_rate: float | None = typer.Option(
-        None, "--arrival-rate", help="Open loop: Poisson agent arrivals per minute"
-    ),
-    max_active: int = typer.Option(258, help="Open loop admission limit (concurrent agents)"),
-    duration: float = typer.Option(3600.0, help="Simulated seconds"),
-    warmup: float | None = typer.Option(
-        None,
-        help="Warmup seconds excluded from metrics (default: a sixth of --duration, at most "
-        "600; the gain planner serves collocated and fits during the first --learn of them)",
-    ),
-    learn: float | None = typer.Option(
-        None,
-        help="Seconds of collocated learning and model fitting before disaggregation, within "
-        "the warmup (Alg. E.3 T_learn; default: min(300, --warmup))",
-    ),
-    planner: str = typer.Option("gain", help="gain | static | dynamo | arrow"),
-    router: str = typer.Option(
-        "ttft", help="ttft | cache-aware | dynamo | sticky | round-robin | least-loaded"
-    ),
-    eviction: str = typer.Option("branch", help="branch | lru"),
-    profile: str = typer.Option(
-        "gb300", help="Preset (gb300, h200) or path to a `pdlab fit --json` file"
-    ),
-    seed: int = typer.Option(0, help="Random seed"),
+    sim: SimOptions,  # one option per SimConfig field with a flag (toolkit/sim_cli.py)
     db: Path | None = typer.Option(None, help="DuckDB file for the run's telemetry"),
     run_id: str | None = typer.Option(None, "--run-id", help="Run id (default: generated)"),
-    kv_fetch: str | None = typer.Option(
-        None, help="async | sync | none (default: async for ttft, none otherwise)"
-    ),
-    telemetry: str = typer.Option(
-        "full", help="full | compact (compact drops kv_events, branch_counts, router_decisions)"
-    ),
-    relaunch: float = typer.Option(
-        700.0, help="Seconds a Dynamo-like relaunch keeps a node out of service"
-    ),
-    retention: str | None = typer.Option(
-        None,
-        help="Retention policy (paper 003): evict-always | lru | ttl | per-tool-ttl | "
-        "pressure-ttl | min-waste | branch-count | path.py[:Class] | pkg.module:Class",
-    ),
-    scheduling: str = typer.Option(
-        "fcfs", help="Scheduling priority: fcfs | program-fcfs | plas | path.py[:Class]"
-    ),
-    dispatch: str | None = typer.Option(
-        None,
-        help="Program routing instead of --router: round-robin | least-loaded | "
-        "session-affinity | path.py[:Class]",
-    ),
-    policy_param: list[str] = typer.Option(
-        [], "--policy-param", help="FAMILY.KEY=VALUE for a policy, e.g. retention.tau_s=5"
-    ),
-    hook_budget: float | None = typer.Option(
-        None,
-        "--hook-budget",
-        help="Wall seconds one user policy hook call may run before the run fails naming it "
-        "(default 10; 0: no limit)",
-    ),
-    host_kv: bool = typer.Option(
-        True, "--host-kv/--no-host-kv", help="--no-host-kv: one GPU KV pool per node, no host tier"
-    ),
-    l1_tokens: int | None = typer.Option(None, help="GPU KV tokens per node (profile default)"),
-    l2_tokens: int | None = typer.Option(None, help="Host KV tokens per node (profile default)"),
-    max_num_seqs: int | None = typer.Option(
-        None,
-        "--max-num-seqs",
-        help="Engine limit: running sequences per node (decode batch cap, the rest queue; "
-        "sequences per prefill iteration). Any engine limit makes decode KV grow as "
-        "generated and preempts the newest decode when it runs out (vLLM)",
-    ),
-    max_num_batched_tokens: int | None = typer.Option(
-        None,
-        "--max-num-batched-tokens",
-        help="Engine limit: token budget per iteration (prefill chunks; a collocated "
-        "node's running decodes take theirs first) (default: the profile's chunk)",
-    ),
-    gpu_memory_gib: float | None = typer.Option(
-        None,
-        "--gpu-memory-gib",
-        help="Engine limit: GPU memory per GPU; KV capacity per node = memory x "
-        "utilization - weights - activations, from the profile's model (instead of "
-        "--l1-tokens; needs a `pdlab profile import` profile)",
-    ),
-    gpu_memory_utilization: float | None = typer.Option(
-        None,
-        "--gpu-memory-utilization",
-        help="Share of --gpu-memory-gib the engine may use, in (0, 1] (default 0.9)",
-    ),
-    form: str = typer.Option(
-        "paper",
-        "--form",
-        help="Iteration-time forms the warmup fits and the planner and router price with: "
-        "paper (Eq. 1/2), auto (chosen per node by cross-validation, as `pdlab fit --form "
-        "auto`), floor, roofline, ctx",
-    ),
-    prefill_forms: bool = typer.Option(
-        False,
-        "--prefill-forms",
-        help="The router prices each node's prefill with the profile's fitted form (its "
-        "prefill floor and roofline terms: a `pdlab profile import` profile or a fit JSON) "
-        "instead of Eq. 3 alone (a --form other than paper does too, with the forms the "
-        "warmup chose)",
-    ),
-    max_programs: int | None = typer.Option(None, help="Admit at most this many programs"),
-    cycle: bool = typer.Option(
-        False,
-        "--cycle",
-        help="Trace: --agents agents (or --arrival-rate) cycle the trace's programs, ignoring "
-        "arrival times (default: each program once, at its arrival time if it has one; the "
-        "run ends when the last finishes)",
-    ),
     partitions: int = typer.Option(
         1, help="Hierarchical partitions (paper 000 App. D.2), simulated in parallel"
     ),
@@ -197,7 +89,7 @@ def simulate_command(
     from cluster import size_limits
     from cluster.core import leave_garbage_to_os, tune_gc
     from cluster.sim.runner import simulate
-    from toolkit.sim_options import SimOptions, clean_json
+    from toolkit.sim_options import clean_json
 
     if backend not in ("local", "ray"):
         console.print(f"[red]error:[/] --backend must be one of local, ray, got {backend!r}")
@@ -214,43 +106,8 @@ def simulate_command(
             console.print(f"[red]error:[/] {escape(str(err))}")
             raise typer.Exit(2) from None
     tune_gc()
-    options = SimOptions(
-        workload=workload,
-        nodes=nodes,
-        split=split,
-        agents=agents,
-        arrival_rate=arrival_rate,
-        max_active=max_active,
-        duration=duration,
-        warmup=warmup,
-        learn=learn,
-        planner=planner,
-        router=router,
-        eviction=eviction,
-        profile=profile,
-        seed=seed,
-        kv_fetch=kv_fetch,
-        telemetry=telemetry,
-        relaunch=relaunch,
-        host_kv=host_kv,
-        l1_tokens=l1_tokens,
-        l2_tokens=l2_tokens,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        gpu_memory_gib=gpu_memory_gib,
-        gpu_memory_utilization=gpu_memory_utilization,
-        prefill_forms=prefill_forms or None,
-        max_programs=max_programs,
-        cycle=cycle or None,
-        retention=retention,
-        scheduling=scheduling,
-        dispatch=dispatch,
-        policy_param=tuple(policy_param),
-        hook_budget=hook_budget,
-        form=form,
-    )
     try:
-        cfg = options.to_config()  # checked: a bad option fails before the progress bar
+        cfg = sim.to_config()  # checked: a bad option fails before the progress bar
         size_limits.PARTITIONS.check("--partitions", partitions)
         size_limits.check("--processes", processes, size_limits.PROCESSES)
     except ConfigError as err:
@@ -270,7 +127,8 @@ def simulate_command(
                 from cluster.sim.partitions import simulate_partitioned
 
                 task = bar.add_task(
-                    f"{workload}: {partitions} partitions of {nodes // max(partitions, 1)} nodes",
+                    f"{cfg.workload}: {partitions} partitions of "
+                    f"{cfg.nodes // max(partitions, 1)} nodes",
                     total=partitions,
                 )
                 summary = simulate_partitioned(
@@ -284,7 +142,7 @@ def simulate_command(
                     ray_address=address,
                 )
             else:
-                task = bar.add_task(f"{workload} on {nodes} nodes", total=duration)
+                task = bar.add_task(f"{cfg.workload} on {cfg.nodes} nodes", total=cfg.duration_s)
                 summary = simulate(
                     cfg, db, run_id, progress=lambda t: bar.update(task, completed=t)
                 )
@@ -323,7 +181,7 @@ def simulate_command(
     if summary.get("warmup_forms"):
         table.add_row("warmup_forms", forms_line(summary["warmup_forms"]))
     Console().print(table)
-    note = trace_note(summary, agents_given=agents is not None)
+    note = trace_note(summary, agents_given=sim.get("agents") is not None)
     if note:
         Console().print(note, soft_wrap=True, markup=False, highlight=False)
     for result, _ in fits or ():

@@ -1,8 +1,9 @@
 """Command-line options to a `SimConfig`, in one place for `pdlab simulate`, `sweep` and `serve`.
 
 `SimOptions` holds the options as the CLI names them (`--duration`, `--warmup`,
-`--arrival-rate`, ...), `None` meaning "not given". `to_config()` applies the defaults
-that depend on other options, once:
+`--arrival-rate`, ...: the flags SimConfig's fields declare, cluster/sim/fields.py),
+`None` meaning "not given". `to_config()` applies the defaults that depend on other
+options, once:
 
 - `agents`: 126 unless `arrival_rate` is given (closed loop by default, open loop with a
   rate; never both);
@@ -26,28 +27,20 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from cluster.core import ConfigError
+from cluster.sim.config import CLI_FIELDS
 from cluster.sim.simulator import SimConfig, Simulator
 from cluster.sweep import default_warmup_s, replay_end_s
 
 FAMILIES = ("retention", "scheduling", "dispatch")
 DEFAULT_AGENTS = 126
-# CLI option name -> SimConfig field, where they differ.
-_FIELD_OF = {
-    "arrival_rate": "arrival_rate_per_min",
-    "duration": "duration_s",
-    "warmup": "warmup_s",
-    "learn": "learn_s",
-    "relaunch": "relaunch_s",
-    "window": "window_s",
-    "cooldown": "cooldown_s",
-    "cycle": "trace_cycle",
-    "hook_budget": "hook_budget_s",
-    "form": "fit_form",
-}
+# SimConfig's fields with a command-line flag (cluster/sim/fields.py), by option name.
+OPTIONS = CLI_FIELDS
+_BY_PARAM = {o.param: o for o in OPTIONS}
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(SimConfig)}
 
 
@@ -103,73 +96,62 @@ def check_config(cfg: SimConfig) -> None:
         raise ConfigError(str(err)) from None
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
 class SimOptions:
-    """The simulation options of `pdlab simulate` / `serve`, named as on the command line.
+    """The simulation options of `pdlab simulate` / `serve`, named as on the command line:
+    one keyword per `OPTIONS` entry (SimConfig's fields with a flag, cluster/sim/fields.py)
+    and `policy_param` (FAMILY.KEY=VALUE strings).
 
-    None: not given; `to_config` applies SimConfig's default or the rule of the module
-    docstring. `policy_param` holds FAMILY.KEY=VALUE strings."""
+    None or absent: not given; `to_config` applies SimConfig's default or the rule of the
+    module docstring. Unknown names are a TypeError, as for a dataclass."""
 
-    workload: str | None = None
-    nodes: int | None = None
-    split: str | None = None
-    agents: int | None = None
-    arrival_rate: float | None = None
-    max_active: int | None = None
-    duration: float | None = None
-    warmup: float | None = None
-    learn: float | None = None
-    planner: str | None = None
-    router: str | None = None
-    eviction: str | None = None
-    profile: str | None = None
-    seed: int | None = None
-    kv_fetch: str | None = None
-    telemetry: str | None = None
-    relaunch: float | None = None
-    window: float | None = None
-    slices: int | None = None
-    cooldown: float | None = None
-    host_kv: bool | None = None
-    l1_tokens: int | None = None
-    l2_tokens: int | None = None
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    gpu_memory_gib: float | None = None
-    gpu_memory_utilization: float | None = None
-    prefill_forms: bool | None = None  # the router prices prefill with each node's fitted form
-    max_programs: int | None = None
-    cycle: bool | None = None
-    retention: str | None = None
-    scheduling: str | None = None
-    dispatch: str | None = None
-    policy_param: tuple[str, ...] = ()
-    hook_budget: float | None = None  # seconds one policy hook call may take; 0: no limit
-    form: str | None = None  # the warmup's fitted forms (SimConfig.fit_form)
+    __slots__ = ("_given", "policy_param")
+
+    def __init__(self, *, policy_param: Iterable[str] = (), **given: Any) -> None:
+        unknown = sorted(set(given) - set(_BY_PARAM))
+        if unknown:
+            raise TypeError(f"SimOptions got unknown options: {', '.join(unknown)}")
+        self._given: Mapping[str, Any] = MappingProxyType(dict(given))
+        self.policy_param = tuple(policy_param)
+
+    def get(self, name: str) -> Any:
+        """The option `name` as given (None: not given)."""
+        if name not in _BY_PARAM:
+            raise KeyError(name)
+        return self._given.get(name)
+
+    def replace(self, **changes: Any) -> SimOptions:
+        return SimOptions(policy_param=self.policy_param, **{**self._given, **changes})
+
+    def __repr__(self) -> str:
+        given = ", ".join(f"{k}={v!r}" for k, v in self._given.items() if v is not None)
+        return f"SimOptions({given})"
 
     def fields(self) -> dict[str, Any]:
         """The SimConfig fields these options give (defaults resolved, nothing checked)."""
         out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
-            if f.name in ("agents", "arrival_rate", "warmup", "policy_param", *FAMILIES):
+        given = self.get
+        for o in OPTIONS:
+            if o.param in ("agents", "arrival_rate", "warmup", *FAMILIES):
                 continue
-            value = getattr(self, f.name)
-            if f.name == "hook_budget" and value == 0:
+            value = given(o.param)
+            if o.param == "hook_budget" and value == 0:
                 value, out["hook_budget_s"] = None, None  # no limit
             if value is not None:
-                out[_FIELD_OF.get(f.name, f.name)] = value
-        if self.arrival_rate is not None:
-            out["arrival_rate_per_min"] = self.arrival_rate
-            out["agents"] = self.agents  # None unless both are given (SimConfig refuses)
+                out[o.field] = value
+        if given("arrival_rate") is not None:
+            out["arrival_rate_per_min"] = given("arrival_rate")
+            out["agents"] = given("agents")  # None unless both are given (SimConfig refuses)
         else:
-            out["agents"] = DEFAULT_AGENTS if self.agents is None else self.agents
+            out["agents"] = DEFAULT_AGENTS if given("agents") is None else given("agents")
         duration = out.get("duration_s", _DEFAULTS["duration_s"])
-        if self.warmup is not None:
-            out["warmup_s"] = self.warmup
+        if given("warmup") is not None:
+            out["warmup_s"] = given("warmup")
         elif isinstance(duration, int | float) and duration > 0:
             out["warmup_s"] = default_warmup_s(float(duration), replay_end_s(out))
         out.update(
-            policy_options(self.retention, self.scheduling, self.dispatch, self.policy_param)
+            policy_options(
+                given("retention"), given("scheduling"), given("dispatch"), self.policy_param
+            )
         )
         return out
 

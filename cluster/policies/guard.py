@@ -40,9 +40,12 @@ from typing import Any
 from cluster.core import ConfigError
 from cluster.policies import exit_trap
 from cluster.policies.errors import PolicyError
+from cluster.size_limits import DEFAULT_HOOK_BUDGET_S as DEFAULT_HOOK_BUDGET_S
+
+# DEFAULT_HOOK_BUDGET_S: wall seconds one hook call may take before the run fails (kept
+# beside its ceiling in cluster.size_limits, where the simulator's config reads it).
 
 _NO_EXIT = "(a policy hook may not end the process)"
-DEFAULT_HOOK_BUDGET_S = 10.0  # wall seconds one hook call may take before the run fails
 _IDLE_EXIT_S = 5.0  # the watchdog thread ends after this long without armed calls
 # The watchdog checks armed calls every budget/20 of the smallest budget, at least every 0.5 s:
 # a hook is stopped within 0.5 s past its budget, and the default 10 s budget wakes the thread

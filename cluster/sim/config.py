@@ -4,15 +4,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cluster import size_limits as limits
 from cluster.core import ConfigError, parse_split
-from cluster.hardware.engine_settings import GIB, EngineSettings
-from cluster.hardware.profiles import HardwareProfile
-from cluster.kv.eviction import EVICTION_POLICIES
-from cluster.policies.guard import DEFAULT_HOOK_BUDGET_S
-from models.overheads import ServingOverheads
+from cluster.sim.fields import cli_fields, sim_field
+from cluster.size_limits import DEFAULT_HOOK_BUDGET_S
+
+# Only what the fields need is imported here: `pdlab --help` builds its simulation options
+# from this module (toolkit/sim_cli.py), so the engine, profile and policy modules load
+# when a config is checked or resolved, not with the CLI.
+if TYPE_CHECKING:
+    from cluster.hardware.profiles import HardwareProfile
+    from cluster.sim.resolved import ResolvedConfig
+    from models.overheads import ServingOverheads
 
 # What `fit_form` may name (models.forms; the mixed forms do not apply to the simulator).
 SIM_FORMS = ("paper", "auto", "floor", "roofline", "ctx")
@@ -50,70 +55,223 @@ def _policy_ref(label: str, obj: Any) -> PolicyRef:
 
 @dataclass(frozen=True, slots=True)
 class SimConfig:
-    workload: str = "cc"
+    """One simulation run. Each field's option name, help text, command-line default and
+    size ceiling sit beside it (`sim_field`, cluster/sim/fields.py): `pdlab simulate` and
+    `pdlab serve` build their options from them (toolkit/sim_cli.py)."""
+
+    workload: str = sim_field(
+        "cc", type=str, help="putnam | cc | osworld | shift | path to a trace file"
+    )
     workload_params: dict[str, Any] = field(default_factory=dict)
-    nodes: int = 9
-    split: str = "4P5D"
-    agents: int | None = 126
-    arrival_rate_per_min: float | None = None
-    max_active: int = 258
-    duration_s: float = 3600.0
-    warmup_s: float = 600.0
+    nodes: int = sim_field(
+        9, type=int, help="Number of nodes (each 4 GPUs in the presets)", limit=limits.NODES
+    )
+    split: str = sim_field("4P5D", type=str, help="Initial split XPYD, or 'collocated'")
+    agents: int | None = sim_field(
+        126,
+        type=int,
+        cli_default=None,  # 126 unless --arrival-rate (toolkit.sim_options)
+        help="Closed loop: concurrent agents (default 126 unless --arrival-rate; a trace with "
+        "arrival times replays them instead, unless --cycle)",
+    )
+    arrival_rate_per_min: float | None = sim_field(
+        None,
+        flag="arrival-rate",
+        type=float,
+        help="Open loop: Poisson agent arrivals per minute",
+        limit=limits.ARRIVAL_RATE_PER_MIN,
+    )
+    max_active: int = sim_field(
+        258,
+        type=int,
+        help="Open loop admission limit (concurrent agents)",
+        limit=limits.MAX_ACTIVE,
+    )
+    duration_s: float = sim_field(
+        3600.0, flag="duration", type=float, help="Simulated seconds", limit=limits.SIM_SECONDS
+    )
+    warmup_s: float = sim_field(
+        600.0,
+        flag="warmup",
+        type=float,
+        cli_default=None,  # cluster.sweep.default_warmup_s (toolkit.sim_options)
+        help="Warmup seconds excluded from metrics (default: a sixth of --duration, at most "
+        "600; the gain planner serves collocated and fits during the first --learn of them)",
+        limit=limits.SIM_SECONDS,
+    )
     # Alg. E.3's T_learn: collocated serving and the model fit before disaggregation starts
     # (gain planner; other planners fit then). None: min(DEFAULT_LEARN_S, warmup), so the
     # planner's first windows and decisions fall inside the warmup, as in paper 000's runs.
-    learn_s: float | None = None
-    planner: str = "gain"
-    router: str = "ttft"
-    eviction: str = "branch"
-    profile: str | HardwareProfile = "gb300"
-    seed: int = 0
-    kv_fetch: str | None = None  # default: async for ttft, none for the baselines
+    learn_s: float | None = sim_field(
+        None,
+        flag="learn",
+        type=float,
+        help="Seconds of collocated learning and model fitting before disaggregation, within "
+        "the warmup (Alg. E.3 T_learn; default: min(300, --warmup))",
+        limit=limits.SIM_SECONDS,
+    )
+    planner: str = sim_field("gain", type=str, help="gain | static | dynamo | arrow")
+    router: str = sim_field(
+        "ttft", type=str, help="ttft | cache-aware | dynamo | sticky | round-robin | least-loaded"
+    )
+    eviction: str = sim_field("branch", type=str, help="branch | lru")
+    profile: str | HardwareProfile = sim_field(  # noqa: RUF009 (a field specifier)
+        "gb300", type=str, help="Preset (gb300, h200) or path to a `pdlab fit --json` file"
+    )
+    seed: int = sim_field(0, type=int, help="Random seed")
+    kv_fetch: str | None = sim_field(  # default: async for ttft, none for the baselines
+        None, type=str, help="async | sync | none (default: async for ttft, none otherwise)"
+    )
     decode_binder: str | None = None
     copy_price_s_per_token: float = 2e-7
-    relaunch_s: float = 700.0
-    window_s: float = 600.0
-    slices: int = 10
-    cooldown_s: float = 120.0
-    planner_tick_s: float = 10.0
-    telemetry: str = "full"  # full | compact (drops kv_events, branch_counts, router_decisions)
-    l1_tokens: int | None = None
-    l2_tokens: int | None = None
-    stagger_s: float = 60.0  # closed-loop agents start spread over this many seconds
+    relaunch_s: float = sim_field(
+        700.0,
+        flag="relaunch",
+        type=float,
+        help="Seconds a Dynamo-like relaunch keeps a node out of service",
+        limit=limits.SIM_SECONDS,
+    )
+    window_s: float = sim_field(
+        600.0,
+        flag="window",
+        type=float,
+        help="Planner window T_win (simulated seconds)",
+        limit=limits.SIM_SECONDS,
+        simulate=False,
+    )
+    slices: int = sim_field(10, type=int, help="Planner slices m per window", simulate=False)
+    cooldown_s: float = sim_field(
+        120.0,
+        flag="cooldown",
+        type=float,
+        help="Planner cooldown after a switch (simulated seconds)",
+        limit=limits.SIM_SECONDS,
+        simulate=False,
+    )
+    planner_tick_s: float = sim_field(10.0, flag=None, limit=limits.SIM_SECONDS)
+    telemetry: str = sim_field(  # full | compact (drops kv_events, branch_counts, router_decisions)
+        "full",
+        type=str,
+        help="full | compact (compact drops kv_events, branch_counts, router_decisions)",
+    )
+    l1_tokens: int | None = sim_field(
+        None, type=int, help="GPU KV tokens per node (profile default)", limit=limits.KV_TOKENS
+    )
+    l2_tokens: int | None = sim_field(
+        None, type=int, help="Host KV tokens per node (profile default)", limit=limits.KV_TOKENS
+    )
+    # closed-loop agents start spread over this many seconds
+    stagger_s: float = sim_field(60.0, flag=None, limit=limits.SIM_SECONDS)
     # Program-level policy planes (paper 003 §3); specs are registry names, file paths
     # (path/to/policy.py[:Class]), modules (pkg.mod:Class) or, in code, classes/instances.
-    retention: Any = None  # None: the tiers keep `eviction` (no retention decisions)
+    retention: Any = sim_field(  # noqa: RUF009 (a field specifier); None: the tiers keep `eviction` (no retention decisions)
+        None,
+        type=str,
+        help="Retention policy (paper 003): evict-always | lru | ttl | per-tool-ttl | "
+        "pressure-ttl | min-waste | branch-count | path.py[:Class] | pkg.module:Class",
+    )
     retention_params: dict[str, Any] = field(default_factory=dict)
-    scheduling: Any = "fcfs"
+    scheduling: Any = sim_field(  # noqa: RUF009 (a field specifier)
+        "fcfs",
+        type=str,
+        help="Scheduling priority: fcfs | program-fcfs | plas | path.py[:Class]",
+    )
     scheduling_params: dict[str, Any] = field(default_factory=dict)
-    dispatch: Any = None  # None: the PD router `router` places calls
+    dispatch: Any = sim_field(  # noqa: RUF009 (a field specifier); None: the PD router `router` places calls
+        None,
+        type=str,
+        help="Program routing instead of --router: round-robin | least-loaded | "
+        "session-affinity | path.py[:Class]",
+    )
     dispatch_params: dict[str, Any] = field(default_factory=dict)
-    host_kv: bool = True  # False: one GPU KV pool per node, no host tier
-    max_programs: int | None = None  # stop admitting new programs after this many
+    host_kv: bool = sim_field(  # False: one GPU KV pool per node, no host tier
+        True,
+        type=bool,
+        switch="on/off",
+        help="--no-host-kv: one GPU KV pool per node, no host tier",
+    )
+    max_programs: int | None = sim_field(  # stop admitting new programs after this many
+        None, type=int, help="Admit at most this many programs", limit=limits.MAX_PROGRAMS
+    )
     # A trace with arrival times replays each program once at its time (agents and
     # arrival_rate_per_min do not apply) and the run ends when its last program finishes.
     # True: the closed (agents) or open (arrival rate) loop cycles the trace's programs,
     # ignoring their times. A trace without times feeds the closed loop once unless True.
-    trace_cycle: bool = False
+    trace_cycle: bool = sim_field(
+        False,
+        flag="cycle",
+        type=bool,
+        switch="flag",
+        help="Trace: --agents agents (or --arrival-rate) cycle the trace's programs, ignoring "
+        "arrival times (default: each program once, at its arrival time if it has one; the "
+        "run ends when the last finishes)",
+    )
     # Wall seconds one policy hook call may run before the run fails (None: no limit);
     # passed to `load_policy(..., hook_budget_s=...)` (cluster.policies.guard).
-    hook_budget_s: float | None = DEFAULT_HOOK_BUDGET_S
+    hook_budget_s: float | None = sim_field(
+        DEFAULT_HOOK_BUDGET_S,
+        flag="hook-budget",
+        type=float,
+        cli_default=None,  # 0 on the command line: no limit (toolkit.sim_options)
+        help="Wall seconds one user policy hook call may run before the run fails naming it "
+        "(default 10; 0: no limit)",
+        limit=limits.HOOK_BUDGET_S,
+    )
     # Engine limits of every node (vLLM's names), all off by default (`engine_limits`):
     # running decodes per node (and sequences per prefill iteration), the per-iteration
     # token budget (prefill chunks; a collocated node's running decodes take theirs first),
     # and KV capacity from GPU memory (instead of l1_tokens; needs a profile with a model).
     # With any of them set, decode KV grows as tokens are generated and a node that runs
     # out preempts its newest running decode (recompute), as vLLM does.
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    gpu_memory_gib: float | None = None
-    gpu_memory_utilization: float | None = None
+    max_num_seqs: int | None = sim_field(
+        None,
+        type=int,
+        help="Engine limit: running sequences per node (decode batch cap, the rest queue; "
+        "sequences per prefill iteration). Any engine limit makes decode KV grow as "
+        "generated and preempts the newest decode when it runs out (vLLM)",
+        limit=limits.MAX_NUM_SEQS,
+    )
+    max_num_batched_tokens: int | None = sim_field(
+        None,
+        type=int,
+        help="Engine limit: token budget per iteration (prefill chunks; a collocated "
+        "node's running decodes take theirs first) (default: the profile's chunk)",
+        limit=limits.BATCHED_TOKENS,
+    )
+    gpu_memory_gib: float | None = sim_field(
+        None,
+        type=float,
+        help="Engine limit: GPU memory per GPU; KV capacity per node = memory x "
+        "utilization - weights - activations, from the profile's model (instead of "
+        "--l1-tokens; needs a `pdlab profile import` profile)",
+        limit=limits.GPU_MEMORY_GIB,
+    )
+    gpu_memory_utilization: float | None = sim_field(
+        None,
+        type=float,
+        help="Share of --gpu-memory-gib the engine may use, in (0, 1] (default 0.9)",
+    )
     # The router prices prefill with each node's fitted form (the profile's extra terms:
     # ControlPlaneConfig.prefill_forms) instead of Eq. 3 alone.
-    prefill_forms: bool = False
+    prefill_forms: bool = sim_field(
+        False,
+        type=bool,
+        switch="flag",
+        help="The router prices each node's prefill with the profile's fitted form (its "
+        "prefill floor and roofline terms: a `pdlab profile import` profile or a fit JSON) "
+        "instead of Eq. 3 alone (a --form other than paper does too, with the forms the "
+        "warmup chose)",
+    )
     # The iteration-time forms fitted at the end of warmup (models.forms): "paper" (Eq. 1/2),
     # "auto" (chosen per node by cross-validation) or one form's name.
-    fit_form: str = "paper"
+    fit_form: str = sim_field(
+        "paper",
+        flag="form",
+        type=str,
+        help="Iteration-time forms the warmup fits and the planner and router price with: "
+        "paper (Eq. 1/2), auto (chosen per node by cross-validation, as `pdlab fit --form "
+        "auto`), floor, roofline, ctx",
+    )
     # Serving overheads of a live PD cluster (models.overheads, fitted from a live run's
     # stages): delays where a live request spends them (proxy ingress, engine wake-up, KV
     # hand-off, decode join, streaming out) and each pass's CPU overhead. None: none, the
@@ -139,6 +297,28 @@ class SimConfig:
             or self.max_num_batched_tokens is not None
             or self.gpu_memory_gib is not None
         )
+
+    def resolve(self) -> ResolvedConfig:
+        """This config checked completely, with its defaults applied and its profile,
+        policies and workload loaded (cluster/sim/resolved.py): what `Simulator` is built
+        from. Raises ConfigError naming what is wrong and what is allowed."""
+        from cluster.sim.resolved import resolve
+
+        return resolve(self)
+
+    @property
+    def split_counts(self) -> tuple[int, int] | None:
+        """(prefill, decode) nodes of `split`; None: collocated (`parse_split`)."""
+        return parse_split(self.split, self.nodes)
+
+    def policy_spec(self, family: str) -> Any:
+        """The policy `family` names ('retention', 'scheduling', 'dispatch') as
+        `load_policy` takes it: a class or instance given in code, else its spec."""
+        return _spec(getattr(self, family))
+
+    def engine_profile(self, profile: HardwareProfile) -> tuple[HardwareProfile, str]:
+        """`profile` with this config's engine limits applied (`engine_profile`)."""
+        return engine_profile(self, profile)
 
     def validate(self) -> None:
         self._validate_engine_limits()
@@ -178,6 +358,8 @@ class SimConfig:
             )
         if self.telemetry not in ("full", "compact"):
             raise ConfigError(f"telemetry must be full or compact, got {self.telemetry!r}")
+        from cluster.kv.eviction import EVICTION_POLICIES
+
         if self.eviction not in EVICTION_POLICIES:
             raise ConfigError(
                 f"unknown eviction {self.eviction!r}; choose one of: {', '.join(EVICTION_POLICIES.names())}"
@@ -187,27 +369,8 @@ class SimConfig:
     def _validate_sizes(self) -> None:
         """Every count and size against its ceiling (cluster.size_limits), before anything
         is allocated: a typo must not build a hundred million agents."""
-        for flag, value, limit in (
-            ("--nodes", self.nodes, limits.NODES),
-            ("--arrival-rate", self.arrival_rate_per_min, limits.ARRIVAL_RATE_PER_MIN),
-            ("--max-active", self.max_active, limits.MAX_ACTIVE),
-            ("--max-programs", self.max_programs, limits.MAX_PROGRAMS),
-            ("--duration", self.duration_s, limits.SIM_SECONDS),
-            ("--warmup", self.warmup_s, limits.SIM_SECONDS),
-            ("--learn", self.learn_s, limits.SIM_SECONDS),
-            ("--relaunch", self.relaunch_s, limits.SIM_SECONDS),
-            ("--window", self.window_s, limits.SIM_SECONDS),
-            ("--cooldown", self.cooldown_s, limits.SIM_SECONDS),
-            ("stagger_s", self.stagger_s, limits.SIM_SECONDS),
-            ("planner_tick_s", self.planner_tick_s, limits.SIM_SECONDS),
-            ("--l1-tokens", self.l1_tokens, limits.KV_TOKENS),
-            ("--l2-tokens", self.l2_tokens, limits.KV_TOKENS),
-            ("--max-num-seqs", self.max_num_seqs, limits.MAX_NUM_SEQS),
-            ("--max-num-batched-tokens", self.max_num_batched_tokens, limits.BATCHED_TOKENS),
-            ("--gpu-memory-gib", self.gpu_memory_gib, limits.GPU_MEMORY_GIB),
-            ("--hook-budget", self.hook_budget_s, limits.HOOK_BUDGET_S),
-        ):
-            limits.check(flag, value, limit)
+        for spec, limit in _LIMITED:
+            limits.check(spec.label, getattr(self, spec.field), limit)
         limits.check_agents("--agents", self.agents, self.nodes)
 
     def _validate_engine_limits(self) -> None:
@@ -235,6 +398,12 @@ class SimConfig:
             )
 
 
+# The fields with a command-line flag (`pdlab simulate`, `serve`, `SimOptions`), and those
+# with a ceiling (the first one broken, in field order, is reported).
+CLI_FIELDS = tuple(spec for spec in cli_fields(SimConfig) if spec.flag is not None)
+_LIMITED = tuple((spec, spec.limit) for spec in cli_fields(SimConfig) if spec.limit is not None)
+
+
 def engine_profile(cfg: SimConfig, profile: HardwareProfile) -> tuple[HardwareProfile, str]:
     """The profile with the config's engine limits applied, and where its GPU KV capacity
     comes from: `max_num_seqs` caps the decode batch, `max_num_batched_tokens` is the
@@ -242,6 +411,8 @@ def engine_profile(cfg: SimConfig, profile: HardwareProfile) -> tuple[HardwarePr
     `cluster.hardware.engine_settings.EngineSettings.kv_capacity` does (weights and KV bytes per
     token from the profile's model; host KV then 4x GPU unless `l2_tokens` is given).
     Without limits the profile is returned unchanged."""
+    from cluster.hardware.engine_settings import GIB, EngineSettings
+
     if not cfg.engine_limits:
         return profile, "profile"
     changes: dict[str, Any] = {}

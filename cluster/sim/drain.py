@@ -19,6 +19,7 @@ from cluster.core import Phase
 from cluster.sim.kernel import SWITCH_DONE, EventKernel
 from cluster.sim.node import SimNode
 from cluster.sim.node_engine import NodeEngine
+from cluster.sim.stage import StageContext
 from cluster.sim.warmup import WarmupFit
 
 
@@ -28,22 +29,15 @@ class Switching:
     in both."""
 
     def __init__(
-        self,
-        kernel: EventKernel,
-        cp: ControlPlane,
-        nodes: dict[int, SimNode],
-        engine: NodeEngine,
-        fit: WarmupFit,
-        initial_phases: dict[int, Phase],
-        relaunch_s: float,
+        self, ctx: StageContext, cp: ControlPlane, engine: NodeEngine, fit: WarmupFit
     ) -> None:
-        self.kernel = kernel
+        self.kernel: EventKernel = ctx.kernel
         self.cp = cp
-        self.nodes = nodes
+        self.nodes: dict[int, SimNode] = ctx.nodes
         self.engine = engine
         self.fit = fit
-        self.initial_phases = initial_phases
-        self.relaunch_s = relaunch_s
+        self.initial_phases: dict[int, Phase] = ctx.initial_phases
+        self.relaunch_s = ctx.cfg.relaunch_s
         self.split_timeline: list[tuple[float, int, int]] = []
         self.switch_log: list[dict[str, Any]] = []
         self.rows: list[dict[str, Any]] = []

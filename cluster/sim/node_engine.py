@@ -32,14 +32,13 @@ import numpy as np
 
 from cluster.control import ControlPlane, RouteRequest
 from cluster.core import BlockHash
-from cluster.hardware.profiles import HardwareProfile
-from cluster.sim.buffer import BufferedSink
 from cluster.sim.decode import DecodeStage
 from cluster.sim.entities import SimRequest
 from cluster.sim.kernel import DECODE_END, FETCH, TRANSFER, EventKernel
 from cluster.sim.mixed import MixedStage
 from cluster.sim.node import SimNode
 from cluster.sim.prefill import PrefillStage
+from cluster.sim.stage import StageContext
 from models.overheads import OverheadSampler
 
 
@@ -52,19 +51,15 @@ class NodeEngine:
 
     def __init__(
         self,
-        kernel: EventKernel,
+        ctx: StageContext,
         cp: ControlPlane,
-        profile: HardwareProfile,
-        rng: np.random.Generator,
-        out: BufferedSink,
-        nodes: dict[int, SimNode],
-        fifo: bool,
-        limits: bool,
-        max_num_seqs: int | None,
         on_prefill_iteration: Callable[[int, float, float, float, float, float], None],
         on_decode_iterations: Callable[[int, int, Sequence[float], Sequence[float]], None],
     ) -> None:
-        self.kernel = kernel
+        kernel, profile, out, nodes = ctx.kernel, ctx.profile, ctx.out, ctx.nodes
+        rng = np.random.default_rng(ctx.cfg.seed)
+        fifo, limits, max_num_seqs = ctx.run.fifo, ctx.cfg.engine_limits, ctx.cfg.max_num_seqs
+        self.kernel: EventKernel = kernel
         self.cp = cp
         self.profile = profile
         self.nodes = nodes

@@ -29,6 +29,7 @@ from cluster.sim.kernel import ARRIVAL, RELEASE, EventKernel
 from cluster.sim.metrics import TraceReplay
 from cluster.sim.node_engine import NodeEngine
 from cluster.sim.planes import PolicyPlanes
+from cluster.sim.stage import StageContext
 from cluster.workloads.loops import AdmissionQueue, OpenLoop
 from cluster.workloads.program import Program
 from cluster.workloads.source import WorkloadSource
@@ -42,26 +43,22 @@ class ProgramOrchestrator:
 
     def __init__(
         self,
-        cfg: SimConfig,
-        kernel: EventKernel,
+        ctx: StageContext,
         cp: ControlPlane,
-        profile: HardwareProfile,
-        source: WorkloadSource,
         engine: NodeEngine,
         contexts: Contexts,
         planes: PolicyPlanes,
-        out: BufferedSink,
     ) -> None:
-        self.cfg = cfg
-        self.kernel = kernel
+        self.cfg: SimConfig = ctx.cfg
+        self.kernel: EventKernel = ctx.kernel
         self.cp = cp
-        self.profile = profile
-        self.source = source
+        self.profile: HardwareProfile = ctx.profile
+        self.source: WorkloadSource = ctx.run.source
         self.engine = engine
         self.contexts = contexts
         self.planes = planes
-        self.out = out
-        self.bt = profile.block_tokens
+        self.out: BufferedSink = ctx.out
+        self.bt = self.profile.block_tokens
         self.requests: list[SimRequest] = []
         self.program_rows: list[tuple[float, float, int, int, float]] = []
         self.arrivals = 0

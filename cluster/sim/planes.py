@@ -25,6 +25,7 @@ from cluster.sim.contexts import Contexts
 from cluster.sim.entities import ProgramRun, SimRequest
 from cluster.sim.kernel import EventKernel
 from cluster.sim.node import SimNode
+from cluster.sim.stage import StageContext
 from cluster.workloads.program import Turn
 
 
@@ -33,26 +34,16 @@ class PolicyPlanes:
     `track_kv`: completed calls' KV is followed per branch (a retention policy, or the
     unified pool whose freed KV is the most recently used)."""
 
-    def __init__(
-        self,
-        kernel: EventKernel,
-        profile: HardwareProfile,
-        nodes: dict[int, SimNode],
-        contexts: Contexts,
-        retention: LoadedPolicy | None,
-        scheduling: LoadedPolicy,
-        dispatch: LoadedPolicy | None,
-        track_kv: bool,
-    ) -> None:
-        self.kernel = kernel
-        self.profile = profile
-        self.nodes = nodes
+    def __init__(self, ctx: StageContext, contexts: Contexts) -> None:
+        self.kernel: EventKernel = ctx.kernel
+        self.profile: HardwareProfile = ctx.profile
+        self.nodes: dict[int, SimNode] = ctx.nodes
         self.contexts = contexts
-        self.retention = retention
-        self.scheduling = scheduling
-        self.dispatch = dispatch
-        self.track_kv = track_kv
-        self.bt = profile.block_tokens
+        self.retention: LoadedPolicy | None = ctx.run.retention
+        self.scheduling: LoadedPolicy = ctx.run.scheduling
+        self.dispatch: LoadedPolicy | None = ctx.run.dispatch
+        self.track_kv = ctx.run.track_kv
+        self.bt = self.profile.block_tokens
         self.runs: dict[int, ProgramRun] = {}  # active programs by uid
         self.pcb_by_program: dict[str, ProgramControlBlock] = {}
 

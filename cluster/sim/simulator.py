@@ -7,9 +7,12 @@ Planes). The control plane of `cluster.control.control_plane` makes every decisi
 exactly as it would on a live cluster, and receives the simulated nodes' KV events through
 the same batched entry as live engines' (`ControlPlane.on_kv_events`).
 
-This module is the composition root: `Simulator` builds the layers and wires the upward
-signals, and keeps the public face (`run`, `start`, `step_until`, `finish`, `cp`, `nodes`,
-`requests`, `now`, ...). The layers, lowest first: `kernel` (the event heap), `entities`
+This module is the composition root: `Simulator` assembles the layers from a resolved
+config (`SimConfig.resolve()`, `resolved`: checks, defaults, profile, policies, workload),
+wires the upward signals, and keeps the public face (`run`, `start`, `step_until`,
+`finish`, `cp`, `nodes`, `requests`, `now`, ...). The stages share one `StageContext`
+(`stage`). The layers, lowest first: `fields` and `resolved` (below `config`), `kernel`
+(the event heap), `entities`
 (calls, epochs, program runs), `memory` with `tiered_memory` / `unified_memory` (a node's
 KV), `node`, the engine (`prefill`, `decode_batch` (a node's decode batch as columns),
 `decode`, `mixed`, `engine`: queueing, chunked prefill, transfer, decode epochs,
@@ -23,16 +26,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from cluster.control import ControlPlane, ControlPlaneConfig, SwitchMode
-from cluster.core import ConfigError, KVEvent, NullSink, Phase, TelemetrySink, parse_split
-from cluster.hardware.profiles import HardwareProfile, load_profile
+from cluster.core import KVEvent, NullSink, Phase, TelemetrySink, parse_split
 from cluster.kv.eviction import EVICTION_POLICIES, EvictionPolicy
-from cluster.policies.loader import LoadedPolicy, load_policy
-from cluster.policies.scheduling import FCFS
 from cluster.sim.buffer import BufferedSink
-from cluster.sim.config import SimConfig, _spec, engine_profile
+from cluster.sim.config import SimConfig
 from cluster.sim.contexts import Contexts
 from cluster.sim.drain import Switching
 from cluster.sim.entities import ProgramRun, SimRequest
@@ -43,15 +41,15 @@ from cluster.sim.node import SimNode
 from cluster.sim.node_engine import NodeEngine
 from cluster.sim.orchestrator import ProgramOrchestrator
 from cluster.sim.planes import PolicyPlanes
+from cluster.sim.resolved import ResolvedConfig
+from cluster.sim.stage import StageContext
 from cluster.sim.tiered_memory import TieredMemory
 from cluster.sim.unified_memory import UnifiedMemory
 from cluster.sim.warmup import WarmupFit
-from cluster.workloads import make_workload
 from cluster.workloads.loops import AdmissionQueue
 from models.overheads import with_pass_overheads
 
-DEFAULT_FETCH = {"ttft": "async"}  # other routers: engines with private caches (SGLang PD)
-DEFAULT_BINDER = {"ttft": "fewest"}  # other routers: the gateway's round-robin decode routing
+__all__ = ["SimConfig", "Simulator", "parse_split"]  # what callers import from here
 
 
 def _kv_publisher(cp: ControlPlane, out: BufferedSink) -> Publish:
@@ -72,19 +70,17 @@ class Simulator:
 
     def __init__(
         self,
-        config: SimConfig,
+        config: SimConfig | ResolvedConfig,
         sink: TelemetrySink | None = None,
         progress: Callable[[float], None] | None = None,
         node_offset: int = 0,
     ) -> None:
-        config.validate()
-        self.cfg = cfg = config
-        profile = (
-            cfg.profile if isinstance(cfg.profile, HardwareProfile) else load_profile(cfg.profile)
-        )
-        # Engine limits (off by default) set the batch cap, the token budget and GPU KV.
-        profile, self.kv_source = engine_profile(cfg, profile)
-        self.profile = profile
+        """Assemble the layers from `config` resolved (`SimConfig.resolve()`: checks,
+        defaults, profile, policies, workload); this only wires them."""
+        run = config if isinstance(config, ResolvedConfig) else config.resolve()
+        self.cfg = cfg = run.config
+        self.profile = profile = run.profile
+        self.kv_source = run.kv_source
         self.progress = progress
         skip = (
             frozenset({"kv_events", "branch_counts", "router_decisions"})
@@ -93,103 +89,26 @@ class Simulator:
         )
         self.out = out = BufferedSink(sink or NullSink(), skip=skip)
         self.node_ids = ids = [node_offset + i for i in range(cfg.nodes)]
-        split = parse_split(cfg.split, cfg.nodes)
-        self.initial_phases: dict[int, Phase] = (
-            {n: ("prefill" if i < split[0] else "decode") for i, n in enumerate(ids)}
-            if split
-            else {n: "prefill" for n in ids}
-        )
-        self.collocated_only = split is None
-        # Program-level policy planes (paper 003 §3).
-        self.retention: LoadedPolicy | None = (
-            None
-            if cfg.retention is None
-            else load_policy(
-                "retention",
-                _spec(cfg.retention),
-                cfg.retention_params,
-                hook_budget_s=cfg.hook_budget_s,
-            )
-        )
-        self.scheduling = load_policy(
-            "scheduling",
-            _spec(cfg.scheduling),
-            cfg.scheduling_params,
-            hook_budget_s=cfg.hook_budget_s,
-        )
-        # The default FCFS keeps each node's queue in arrival order (the historical FIFO)
-        # and preempts as vLLM's FCFS does.
-        self.fifo = type(self.scheduling.instance) is FCFS
-        self.dispatch: LoadedPolicy | None = (
-            None
-            if cfg.dispatch is None
-            else load_policy(
-                "dispatch",
-                _spec(cfg.dispatch),
-                cfg.dispatch_params,
-                hook_budget_s=cfg.hook_budget_s,
-            )
-        )
-        unified = not cfg.host_kv
-        kv_fetch = cfg.kv_fetch or DEFAULT_FETCH.get(cfg.router, "none")
-        if unified:
-            if cfg.kv_fetch not in (None, "none"):
-                raise ConfigError(
-                    "host_kv=False has no shared host pool to fetch from; use --kv-fetch none"
-                )
-            kv_fetch = "none"
-        # Completed calls' KV is followed per branch with a retention policy, and in the
-        # unified pool (whose freed KV is the most recently used).
-        track_kv = self.retention is not None or unified
-
-        self.kernel = kernel = EventKernel()
+        self.initial_phases: dict[int, Phase] = run.initial_phases(ids)
+        self.collocated_only = run.collocated_only
+        self.retention, self.scheduling, self.dispatch = run.retention, run.scheduling, run.dispatch
+        self.fifo = run.fifo
+        self.source = run.source
+        self.kernel = EventKernel()
         self.nodes: dict[int, SimNode] = {}
         nodes = self.nodes
+        ctx = StageContext(run, self.kernel, nodes, out, self.initial_phases)
         contexts = Contexts(
             profile.block_tokens,
-            keep_outputs=track_kv,
+            keep_outputs=run.track_kv,
             store_output=lambda n, path, start, t: nodes[n].keep_output(path, start, t),
         )
-        self.planes = planes = PolicyPlanes(
-            kernel,
-            profile,
-            nodes,
-            contexts,
-            self.retention,
-            self.scheduling,
-            self.dispatch,
-            track_kv,
-        )
-        cp_cfg = ControlPlaneConfig(
-            block_tokens=profile.block_tokens,
-            router=cfg.router,
-            decode_binder=cfg.decode_binder or DEFAULT_BINDER.get(cfg.router, "round-robin"),
-            planner=cfg.planner,
-            window_s=cfg.window_s,
-            slices=cfg.slices,
-            cooldown_s=cfg.cooldown_s,
-            kv_fetch=kv_fetch,
-            copy_price_s_per_token=cfg.copy_price_s_per_token,
-            log_branch_counts=cfg.telemetry == "full",
-            log_router_decisions=cfg.telemetry == "full",
-            prefill_forms=cfg.prefill_forms or cfg.fit_form != "paper",
-            ttft_overhead_s=cfg.overheads.ttft_s if cfg.overheads else 0.0,
-        )
-        oracle = profile.node_model()
-        if cfg.overheads:  # the planner's Eq. 3-4 and the router's queue price the passes' CPU
-            oracle = with_pass_overheads(oracle, cfg.overheads)
-        self.cp = cp = ControlPlane(
-            dict(self.initial_phases),
-            {n: oracle for n in ids},
-            cp_cfg,
-            sink=out,
-            backend=self,
-            router=planes.dispatch_router(),
-        )
+        self.planes = planes = PolicyPlanes(ctx, contexts)
+        self.cp = cp = self._control_plane(run, planes)
         publish = _kv_publisher(cp, out)
         policy = EVICTION_POLICIES.create(cfg.eviction)
         for n in ids:
-            memory = self._memory(n, unified, policy, publish)
+            memory = self._memory(n, run.unified, policy, publish)
             nodes[n] = SimNode(n, self.initial_phases[n], memory)
 
         def counts_zeroed(node: int, hashes: list[int]) -> None:
@@ -198,35 +117,14 @@ class Simulator:
                 sim_node.memory.on_counts_zeroed(hashes)
 
         cp.add_zero_count_listener(counts_zeroed)
-        self.source = make_workload(
-            cfg.workload, seed=cfg.seed, duration_s=cfg.duration_s, **cfg.workload_params
-        )
-        if cfg.trace_cycle and self.source.trace_programs() is None:
-            raise ConfigError(f"trace_cycle (--cycle) needs a trace workload, not {cfg.workload!r}")
-        if cfg.trace_cycle and getattr(self.source.params, "cycle", True) is False:
-            raise ConfigError("trace_cycle (--cycle) contradicts the trace parameter cycle=False")
         self.fit = fit = WarmupFit(profile, ids, warm=cfg.warmup_s == 0, form=cfg.fit_form)
         self.engine = engine = NodeEngine(
-            kernel,
-            cp,
-            profile,
-            np.random.default_rng(cfg.seed),
-            out,
-            nodes,
-            fifo=self.fifo,
-            limits=cfg.engine_limits,
-            max_num_seqs=cfg.max_num_seqs,
-            on_prefill_iteration=fit.record_prefill,
-            on_decode_iterations=fit.record_decode,
+            ctx, cp, on_prefill_iteration=fit.record_prefill, on_decode_iterations=fit.record_decode
         )
         if cfg.overheads:
             engine.set_overheads(cfg.overheads.sampler(cfg.seed + 1))
-        self.switching = switching = Switching(
-            kernel, cp, nodes, engine, fit, self.initial_phases, cfg.relaunch_s
-        )
-        self.orchestrator = orchestrator = ProgramOrchestrator(
-            cfg, kernel, cp, profile, self.source, engine, contexts, planes, out
-        )
+        self.switching = switching = Switching(ctx, cp, engine, fit)
+        self.orchestrator = orchestrator = ProgramOrchestrator(ctx, cp, engine, contexts, planes)
         # The engine's upward signals.
         engine.on_request_done = orchestrator.complete
         engine.on_switch_ready = switching.on_node_idle
@@ -240,6 +138,37 @@ class Simulator:
         self.switch_log = switching.switch_log
         self._started = False
         self.run_id: str | None = None  # set by the runner when telemetry goes to a database
+
+    def _control_plane(self, run: ResolvedConfig, planes: PolicyPlanes) -> ControlPlane:
+        """The control plane of every decision, as on a live cluster (with the Dispatch
+        Plane's router when a dispatch policy is set)."""
+        cfg = run.config
+        cp_cfg = ControlPlaneConfig(
+            block_tokens=run.profile.block_tokens,
+            router=cfg.router,
+            decode_binder=run.decode_binder,
+            planner=cfg.planner,
+            window_s=cfg.window_s,
+            slices=cfg.slices,
+            cooldown_s=cfg.cooldown_s,
+            kv_fetch=run.kv_fetch,
+            copy_price_s_per_token=cfg.copy_price_s_per_token,
+            log_branch_counts=cfg.telemetry == "full",
+            log_router_decisions=cfg.telemetry == "full",
+            prefill_forms=cfg.prefill_forms or cfg.fit_form != "paper",
+            ttft_overhead_s=cfg.overheads.ttft_s if cfg.overheads else 0.0,
+        )
+        oracle = run.profile.node_model()
+        if cfg.overheads:  # the planner's Eq. 3-4 and the router's queue price the passes' CPU
+            oracle = with_pass_overheads(oracle, cfg.overheads)
+        return ControlPlane(
+            dict(self.initial_phases),
+            {n: oracle for n in self.node_ids},
+            cp_cfg,
+            sink=self.out,
+            backend=self,
+            router=planes.dispatch_router(),
+        )
 
     def _memory(
         self, n: int, unified: bool, policy: EvictionPolicy, publish: Publish

@@ -15,6 +15,8 @@ SIM = Path(__file__).resolve().parents[3] / "cluster" / "sim"
 # to wall-clock time) sit on the simulator's public face.
 LAYERS = (
     "__init__",
+    "fields",
+    "resolved",
     "config",
     "buffer",
     "kernel",
@@ -25,6 +27,7 @@ LAYERS = (
     "tiered_memory",
     "unified_memory",
     "node",
+    "stage",
     "prefill",
     "decode_batch",
     "decode",
