@@ -41,7 +41,7 @@ def test_rest_reference_lists_every_endpoint_of_the_server() -> None:
     documented = {_path_key(m) for m in re.findall(r"`(/[^`?\s]*)", text)}
     source = (ROOT / "cluster" / "server" / "app.py").read_text()
     routes = {_path_key(p) for p in re.findall(r'@app\.(?:get|post|put|delete)\("([^"]+)"', source)}
-    serving = (ROOT / "cluster" / "sglang" / "live" / "serving.py").read_text()
+    serving = (ROOT / "cluster" / "live" / "serving.py").read_text()
     routes |= {_path_key(p) for p in re.findall(r'add_api_route\("([^"]+)"', serving)}
     routes |= set(ROUTES)
     assert routes and routes <= documented, sorted(routes - documented)

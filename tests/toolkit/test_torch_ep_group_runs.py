@@ -7,7 +7,7 @@ the per-rank compute of the two other runs within 10%. The bundled calibrated pr
 what the documented procedure fits on run ep2-fit; `pdlab twin` of that run replays it
 within 5% TPOT and E2E and 10% TTFT (the lockstep model given the host's speed during the
 run) and says what the profile was fitted on. The held-out runs' errors are the host's
-(repeats of one workload spread ~2x here, README): no test can hold them to 5%.
+(repeats of one workload spread ~2x here, docs/twin.md): no test can hold them to 5%.
 """
 
 from __future__ import annotations
