@@ -7,7 +7,7 @@ typo (`--agents 100000000`, `data_parallel_size: 1e9` in a meta.json) is a one-l
 Live settings of a running cluster (planner window, slices, copy price) have their ranges in
 `cluster.control.bounds`; this table holds the sizes of runs, engines, models and inputs.
 
-Why these ceilings: each is far above anything real (the largest run in the README is 768
+Why these ceilings: each is far above anything real (the largest run in docs/policies.md is 768
 nodes and 30,720 agents; the largest served models have ~100 layers, 128 heads, a vocabulary
 of ~260k and 256 routed experts; vLLM's defaults are 256-1,024 sequences and 8k-16k batched
 tokens) and low enough that the largest allowed value allocates at most a few hundred MB.
