@@ -124,11 +124,12 @@ def _import_aic(opts: dict[str, Any]) -> Any:
         unsupported_reason,
     )
     from cluster.hardware.model_shape import ModelShape
+    from cluster.input_files import load_json_document
 
     for name in ("system", "backend"):
         if not opts[name]:
             raise ConfigError(f"--aiconfigurator needs --{name}")
-    config = json.loads(Path(opts["model_config"]).read_text())
+    config, _ = load_json_document(opts["model_config"], what="model config")
     why = unsupported_reason(config)
     if why:
         raise ConfigError(f"{opts['model_config']}: {why}")

@@ -45,6 +45,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from cluster.core import ConfigError
+from cluster.input_files import read_text
 
 _WILDCARDS = ("*", "0.0.0.0", "::", "[::]")
 
@@ -159,7 +160,7 @@ def load_cluster_file(path: str | Path) -> list[EngineSpec]:
     if Path(path).suffix.lower() == ".toml":
         return list(load_cluster_config(path).engines)
     try:
-        raw = json.loads(Path(path).read_text())
+        raw = json.loads(read_text(path, what="cluster file"))
     except (OSError, json.JSONDecodeError) as e:
         raise ConfigError(f"cannot read cluster file {path}: {e}") from None
     if not isinstance(raw, list):
@@ -398,7 +399,7 @@ def load_cluster_config(path: str | Path) -> ClusterConfig:
     p = Path(path)
     where = f"cluster file {p}"
     try:
-        text = p.read_text()
+        text = read_text(p, what="cluster file")  # bounded; its errors name the file
     except OSError as e:
         raise ConfigError(f"cannot read {where}: {e}") from None
     if p.suffix.lower() == ".toml":

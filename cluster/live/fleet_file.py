@@ -37,6 +37,7 @@ from typing import Any
 import httpx
 
 from cluster.core import ConfigError
+from cluster.input_files import read_text
 from cluster.live.cluster_file import spec_from_server_info
 from cluster.live.prom_scrape import engine_load, parse_metrics
 
@@ -171,7 +172,7 @@ def load_fleet_file(path: str | Path) -> FleetConfig:
     p = Path(path)
     where = f"fleet file {p}"
     try:
-        text = p.read_text()
+        text = read_text(p, what="fleet file")  # bounded; its errors name the file
         doc: Any = tomllib.loads(text) if p.suffix.lower() == ".toml" else json.loads(text)
     except (OSError, tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
         raise ConfigError(f"cannot read {where}: {e}") from None
