@@ -101,7 +101,7 @@ class ControlPlane(ControlPlaneReads):
         # decoding): the planner's decode demand q (see cluster/control/planning.py).
         self.in_service = 0
         if cfg.log_branch_counts:
-            self.directory.count_listeners.append(self._log_count)
+            self.directory.count_batch_listeners.append(self._log_counts)
 
     # ---- configuration ---------------------------------------------------------------
     def set_models(self, models: Mapping[int, NodeModel]) -> None:
@@ -325,10 +325,14 @@ class ControlPlane(ControlPlaneReads):
     def on_report(self, report: NodeReport) -> None:
         self.state.report(report)
 
-    def _log_count(self, node: int, block: int, count: int) -> None:
+    def _log_counts(self, node: int, blocks: list[int], counts: list[int]) -> None:
+        """A path's count changes as one batch of `branch_counts` rows."""
+        n = len(counts)
+        if not n:
+            return
         self.sink.emit(
             "branch_counts",
-            {"t": [self.now], "node_id": [node], "block_hash": [block], "count": [count]},
+            {"t": [self.now] * n, "node_id": [node] * n, "block_hash": blocks, "count": counts},
         )
 
     # ---- planner -------------------------------------------------------------------
