@@ -71,8 +71,22 @@ def show(value: Any) -> str:
     return "null" if value is None else repr(value)
 
 
+_CONSTANTS: dict[str, pa.Array] = {}  # the last run ids' columns, sliced for each batch
+_CONSTANTS_KEPT = 4
+
+
 def constant_string(value: str, n: int) -> pa.Array:
-    """`n` copies of `value` as a string array, built from buffers (no Python loop)."""
+    """`n` copies of `value` as a string array: a slice of the longest one made for `value`
+    so far (every batch of a run repeats its run id), built from buffers (no Python loop)."""
+    kept = _CONSTANTS.get(value)
+    if kept is None or len(kept) < n:
+        if len(_CONSTANTS) >= _CONSTANTS_KEPT:
+            _CONSTANTS.pop(next(iter(_CONSTANTS)))
+        kept = _CONSTANTS[value] = _build_constant(value, max(n, 1 << 16))
+    return kept.slice(0, n)
+
+
+def _build_constant(value: str, n: int) -> pa.Array:
     raw = value.encode()
     if n * len(raw) >= 2**31:
         return pa.array([value] * n, pa.large_string()).cast(pa.string())

@@ -100,7 +100,7 @@ class ControlPlane(Placement, EventIntake, Availability, ControlPlaneReads):
         # decoding): the planner's decode demand q (see cluster/control/planning.py).
         self._in_service = 0
         if cfg.log_branch_counts:
-            self._directory.count_listeners.append(self._log_count)
+            self._directory.count_batch_listeners.append(self._log_counts)
 
     # ---- configuration ---------------------------------------------------------------
     def set_models(self, models: Mapping[int, NodeModel]) -> None:

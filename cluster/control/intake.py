@@ -55,8 +55,12 @@ class EventIntake(ControlPlaneParts):
         self._directory.clear_node(node)
         return held
 
-    def _log_count(self, node: int, block: int, count: int) -> None:
+    def _log_counts(self, node: int, blocks: list[int], counts: list[int]) -> None:
+        """A path's count changes as one batch of `branch_counts` rows."""
+        n = len(counts)
+        if not n:
+            return
         self._sink.emit(
             "branch_counts",
-            {"t": [self._now], "node_id": [node], "block_hash": [block], "count": [count]},
+            {"t": [self._now] * n, "node_id": [node] * n, "block_hash": blocks, "count": counts},
         )

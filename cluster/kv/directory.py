@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
 from cluster.core import BlockHash, KVEvent, KVEventKind, Tier
+from cluster.kv.counts import CountListener, Counts, add_each, increment, release
 from cluster.kv.hashing import ROOT_HASH, chain
 
 GPU = 1
@@ -49,15 +50,6 @@ def _held_prefix(n: int, held: Callable[[int], bool]) -> int:
     return lo
 
 
-class Counts(dict[BlockHash, int]):
-    """One node's branch counts R_{b,n} > 0; an absent block counts 0 (`counts[h]`)."""
-
-    __slots__ = ()
-
-    def __missing__(self, h: BlockHash) -> int:
-        return 0
-
-
 class PrefixMatch(NamedTuple):
     """Longest cached prefix of a path: blocks per node and cluster-wide."""
 
@@ -66,7 +58,8 @@ class PrefixMatch(NamedTuple):
     gpu_per_node: dict[int, int]  # node -> leading blocks it holds in GPU memory
 
 
-CountListener = Callable[[int, BlockHash, int], None]  # (node, block, new count)
+# (node, blocks, their new counts in the same order): one call per count update of a path
+CountBatchListener = Callable[[int, list[BlockHash], list[int]], None]
 DropListener = Callable[[int, BlockHash, int], None]  # (node, block, count before drop)
 
 
@@ -91,6 +84,9 @@ class KVDirectory:
         # node -> engine block hash -> directory hash (only for re-keyed live events)
         self._engine_keys: dict[int, dict[BlockHash, BlockHash]] = {}
         self.count_listeners: list[CountListener] = []  # every change of R_{b,n}
+        # The same changes a path at a time (telemetry's branch_counts rows as one batch):
+        # the same blocks and counts, in the same order, as `count_listeners` sees them.
+        self.count_batch_listeners: list[CountBatchListener] = []
         # Called once per update with the blocks whose R_{b,n} dropped to zero (their
         # eviction key fell: branch-aware caches must re-rank them).
         self.zero_listeners: list[Callable[[int, list[BlockHash]], None]] = []
@@ -273,51 +269,20 @@ class KVDirectory:
         (Alg. E.1 line 1), so counts may precede the KV event.
         """
         counts = self.counts_of(node)
-        listeners = self.count_listeners
-        if delta == 1 and not listeners:
-            _count_elements(counts, hashes)  # counts[h] = counts.get(h, 0) + 1, in C
-            return
-        if delta == -1 and not listeners:
-            self._release_one(node, counts, hashes)
-            return
-        zeros: list[BlockHash] | None = [] if delta < 0 and self.zero_listeners else None
-        tiers = self._tiers.get(node) or {}
-        get = counts.get
-        for h in hashes:
-            before = get(h)
-            if before is None:
-                if delta < 0:
-                    raise AssertionError(f"count release of block {h} not counted on node {node}")
-                before = 0
-            after = before + delta
-            if after < 0:
-                raise AssertionError(f"negative count for block {h} on node {node}")
-            if listeners:
-                for listener in listeners:
-                    listener(node, h, after)
-            if after:
-                counts[h] = after
-            elif before:
-                del counts[h]
-                if zeros is not None and h in tiers:
-                    zeros.append(h)
-        if zeros:
-            for zl in self.zero_listeners:
-                zl(node, zeros)
-
-    def _release_one(self, node: int, counts: Counts, hashes: Iterable[BlockHash]) -> None:
-        """`add_count(node, hashes, -1)` without count listeners."""
-        get = counts.get
-        zero: list[BlockHash] = []
-        for h in hashes:
-            c = get(h, 0)
-            if c > 1:
-                counts[h] = c - 1
-            elif c == 1:
-                del counts[h]
-                zero.append(h)
-            else:
-                raise AssertionError(f"count release of block {h} not counted on node {node}")
+        batch = self.count_batch_listeners
+        if self.count_listeners or delta not in (1, -1):
+            blocks, afters, zero = add_each(node, counts, hashes, delta, self.count_listeners)
+        elif delta == 1:
+            if not batch:
+                _count_elements(counts, hashes)  # counts[h] = counts.get(h, 0) + 1, in C
+                return
+            blocks = hashes if isinstance(hashes, list) else list(hashes)
+            afters = increment(counts, blocks)
+            zero = []
+        else:
+            blocks, afters, zero = release(node, counts, hashes, bool(batch))
+        for bl in batch:
+            bl(node, blocks, afters)
         if zero and self.zero_listeners:
             tiers = self._tiers.get(node)
             zeros = [h for h in zero if h in tiers] if tiers else None

@@ -35,3 +35,27 @@ def test_azure_child_replays_the_trace_open_loop():
 def test_an_unknown_child_names_the_choices():
     with pytest.raises(RuntimeError, match="choose from: cc, azure, partition"):
         bench.run_child("nope", quick=True)
+
+
+def test_user_path_figures_come_from_pdlab_simulate_writing_its_database():
+    # The bench times `pdlab simulate ... --db` as a whole process (the users' path); its
+    # summary is the CLI's JSON, and the database is written (and removed with its folder).
+    summary, wall_s = bench.simulate_cli(
+        [
+            "--workload",
+            "cc",
+            "--nodes",
+            "2",
+            "--split",
+            "1P1D",
+            "--agents",
+            "4",
+            "--duration",
+            "30",
+            "--warmup",
+            "0",
+        ]
+    )
+    assert summary["requests"] > 0 and summary["run_id"]
+    assert wall_s > summary["wall_seconds"] > 0
+    assert "--seed" in bench.CC_ARGS and "compact" in bench.AZURE_ARGS
