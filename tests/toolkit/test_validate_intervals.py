@@ -1,5 +1,5 @@
 """`pdlab validate`'s intervals on the A6000 cluster setups: the model's error combined with
-each row's own spread (toolkit.validate.cluster, toolkit.twin.cluster_interval), per-tick rows
+each row's own spread (toolkit.validate.cluster, toolkit.validate.cluster_interval), per-tick rows
 covered by the share of ticks inside the twin's band, and "not known" where the model has
 no measured bound (an MoE block composed from expert operators timed apart)."""
 

@@ -1,7 +1,7 @@
 """Validation rows of a cluster run imported with `pdlab import lss-run` (toolkit.validate.run).
 
 The run's requests replay on the cluster twin (toolkit.twin.lss) with the model's error
-sources (toolkit.twin.cluster_interval: the profile's held-out residuals, each instance's ranged
+sources (toolkit.validate.cluster_interval: the profile's held-out residuals, each instance's ranged
 parameters at their ends); its series (toolkit.validate.series) and request times are
 compared with the imported references:
 - throughput series: `span_s` (end of the last tick with output, the twin's ticks counted
@@ -37,7 +37,10 @@ import numpy as np
 import polars as pl
 
 from toolkit.queries.run import open_run
-from toolkit.twin.cluster_interval import (
+from toolkit.twin.interval import PROFILE_REPLAYS
+from toolkit.twin.lss import load_cluster_inputs, weights_mib
+from toolkit.twin.metrics import Timings, combined_interval, compare, interval_spread
+from toolkit.validate.cluster_interval import (
     ClusterTwin,
     Ticks,
     cluster_twin,
@@ -45,9 +48,6 @@ from toolkit.twin.cluster_interval import (
     share,
     spreads,
 )
-from toolkit.twin.interval import PROFILE_REPLAYS
-from toolkit.twin.lss import load_cluster_inputs, weights_mib
-from toolkit.twin.metrics import Timings, combined_interval, compare, interval_spread
 from toolkit.validate.rows import RunRows, ValidationRow, make_row
 from toolkit.validate.series import block_interval, span_ticks, tick_mae, tick_mape, tick_wape
 
