@@ -16,7 +16,6 @@ forward_metrics, metrics_url, block_size, kv_capacity_tokens, node_id).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import secrets
@@ -69,8 +68,6 @@ def attach_command(
     ),
 ) -> None:
     """Watch a running vLLM/SGLang fleet: collect, fit, recommend (shadow mode), serve the API."""
-    import uvicorn
-
     from cluster.live.attached import AttachedFleet
     from cluster.live.fleet_file import (
         FleetConfig,
@@ -78,7 +75,8 @@ def attach_command(
         load_fleet_file,
         parse_engine_arg,
     )
-    from toolkit.serve.processes import log_to_stderr, serving
+    from toolkit.serve.loop import http_server, run_until_stopped
+    from toolkit.serve.processes import log_to_stderr
 
     log_to_stderr()
     try:
@@ -102,17 +100,13 @@ def attach_command(
     token = token or os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(18)
     app = create_attach_app(fleet, token)
     url = f"http://{host}:{port}"
-    print(f"pdlab attach: {url} token={token}", flush=True)
     nodes = ", ".join(f"{e.node_id}:{e.kind}/{e.role} {e.url}" for e in fleet.config.engines)
-    console.print(
+    banner = (
         f"[bold]pdlab attach[/] {url}  shadow mode (recommends, never acts)  engines {nodes}  "
         f"db {db or '(none)'}\n  mutating control calls: Authorization: Bearer {token}"
     )
-    server = uvicorn.Server(
-        uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
-    )
-    with serving(server), contextlib.suppress(KeyboardInterrupt):
-        server.run()
+    server = http_server(app, host=host, port=port)
+    run_until_stopped(server, url=url, token=token, banner=banner, name="pdlab attach")
     s = fleet.summary
     if s is not None:
         console.print(

@@ -1,7 +1,8 @@
 """`pdlab serve`: the live control server of SPEC §6 over a simulated or a real cluster.
 
-`serve` is the composition root of the live control server. By default it paces the
-embedded simulated cluster (SPEC §5, `cluster.sim.paced`) to wall-clock time; with
+The command checks its options and hands them to a composition root of toolkit/serve/. By
+default it paces the embedded simulated cluster (SPEC §5, `cluster.sim.paced`) to wall-clock
+time (toolkit/serve/simulated.py); with
 `--engines torch` it starts real torch engine processes and an agent client
 (toolkit/serve/torch.py); with `--sglang FILE` it drives live SGLang engines
 (toolkit/serve/sglang.py). Each hands its cluster to the server
@@ -17,10 +18,8 @@ runs it next to JupyterLab.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,12 +27,13 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from cluster.core import ConfigError, leave_garbage_to_os
+from cluster.core import ConfigError
 from toolkit.cli.sim_command import sim_command
 
 if TYPE_CHECKING:
-    from cluster.sim.paced import PaceConfig
+    from cluster.sim.config import SimConfig
     from toolkit.cli.sim_options import SimOptions
+    from toolkit.serve.torch import TorchClusterOptions
 
 console = Console(stderr=True)
 TOKEN_ENV = "PDLAB_TOKEN"
@@ -152,11 +152,49 @@ def serve_command(
     if parent_pid is not None:
         exit_with_parent(parent_pid)
     token = token or os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(18)
+    sim = _checked(engines, sim, sglang, port, token_scale, time_scale, max_output_tokens, db)
+    if host not in LOOPBACK:
+        console.print(f"[yellow]warning:[/] binding {host}: the API is reachable from the network")
+    where = {"host": host, "port": port, "token": token, "db": db, "run_id": run_id}
+    if sglang is not None:  # live SGLang cluster: toolkit/serve/sglang.py
+        from toolkit.serve.sglang import serve_sglang
+
+        serve_sglang(sglang, **where)
+    elif engines == "torch":
+        from toolkit.serve.torch import serve_torch
+
+        opts = _torch_options(
+            sim, model, device, planner_mode, engine_arg, token_scale, time_scale,
+            max_output_tokens,
+        )  # fmt: skip
+        serve_torch(opts, **where)
+    else:
+        from cluster.sim.paced import PaceConfig
+        from toolkit.serve.simulated import serve_simulated
+
+        pace = PaceConfig(speed=speed, planner_mode=planner_mode, max_lag_wall_s=max_lag)
+        serve_simulated(_config(sim), pace, **where)
+
+
+def _fail(message: str) -> typer.Exit:
+    console.print(f"[red]error:[/] {escape(message)}")
+    return typer.Exit(2)
+
+
+def _checked(
+    engines: str,
+    sim: SimOptions,
+    sglang: Path | None,
+    port: int,
+    token_scale: float,
+    time_scale: float,
+    max_output_tokens: int,
+    db: Path | None,
+) -> SimOptions:
+    """The simulation options with the shape of the kind of engine filled in, after every
+    check that can fail before anything starts or allocates (a typo is one line, not 22 GB)."""
     if engines not in ENGINES:
-        console.print(
-            f"[red]error:[/] --engines must be one of {', '.join(ENGINES)}, got {engines!r}"
-        )
-        raise typer.Exit(2)
+        raise _fail(f"--engines must be one of {', '.join(ENGINES)}, got {engines!r}")
     if engines == "torch" and sglang is None:
         from toolkit.extras import torch_missing
 
@@ -166,19 +204,17 @@ def serve_command(
     d_nodes, d_split, d_agents = DEFAULT_SHAPE[engines]
     nodes = d_nodes if sim.get("nodes") is None else sim.get("nodes")
     split = d_split if sim.get("split") is None else sim.get("split")
-    agents, arrival_rate = sim.get("agents"), sim.get("arrival_rate")
-    if agents is None and arrival_rate is None:
+    agents = sim.get("agents")
+    if agents is None and sim.get("arrival_rate") is None:
         agents = d_agents
     sim = sim.replace(nodes=nodes, split=split, agents=agents)
-    duration = sim.get("duration")
-    try:  # before anything starts or allocates: a typo is one line, not 22 GB
+    try:
         check_sizes(
-            engines, port=port, nodes=nodes, agents=agents, duration_s=duration,
+            engines, port=port, nodes=nodes, agents=agents, duration_s=sim.get("duration"),
             token_scale=token_scale, time_scale=time_scale, max_output_tokens=max_output_tokens,
         )  # fmt: skip
     except ConfigError as exc:
-        console.print(f"[red]error:[/] {escape(str(exc))}")
-        raise typer.Exit(2) from None
+        raise _fail(str(exc)) from None
     if db is not None:  # before anything starts: a wrong file is one line, not a traceback
         from telemetry.database import check_database
         from telemetry.errors import TelemetryError
@@ -186,91 +222,38 @@ def serve_command(
         try:
             check_database(db)
         except TelemetryError as exc:
-            console.print(f"[red]error:[/] --db: {escape(str(exc))}")
-            raise typer.Exit(2) from None
-    if host not in LOOPBACK:
-        console.print(f"[yellow]warning:[/] binding {host}: the API is reachable from the network")
-    if sglang is not None:  # live SGLang cluster: toolkit/serve/sglang.py
-        from toolkit.serve.sglang import serve_sglang
-
-        serve_sglang(sglang, host=host, port=port, token=token, db=db, run_id=run_id)
-        return
-    if engines == "torch":
-        from toolkit.serve.torch import TorchClusterOptions, serve_torch
-
-        opt = sim.get
-        opts = TorchClusterOptions(
-            nodes=nodes, split=split, model=model, device=device, seed=opt("seed"),
-            eviction=opt("eviction"), router=opt("router"), planner=opt("planner"),
-            planner_mode=planner_mode, window_s=opt("window"), slices=opt("slices"),
-            profile=opt("profile"), engine_args=tuple(engine_arg), workload=opt("workload"),
-            agents=agents, arrival_rate_per_min=arrival_rate, duration_s=duration,
-            cycle=opt("cycle"), token_scale=token_scale, time_scale=time_scale,
-            max_output_tokens=max_output_tokens,
-        )  # fmt: skip
-        serve_torch(opts, host=host, port=port, token=token, db=db, run_id=run_id)
-        return
-    from cluster.sim.paced import PaceConfig
-
-    pace = PaceConfig(speed=speed, planner_mode=planner_mode, max_lag_wall_s=max_lag)
-    _serve_sim(sim, pace, host=host, port=port, token=token, db=db, run_id=run_id)
+            raise _fail(f"--db: {exc}") from None
+    return sim
 
 
-def _say(line: str) -> None:
-    """A line of the server's shutdown (what it consolidates), printed as it happens."""
-    print(f"pdlab serve: {line}", file=sys.stderr, flush=True)
+def _torch_options(
+    sim: SimOptions,
+    model: str,
+    device: str,
+    planner_mode: str,
+    engine_arg: list[str],
+    token_scale: float,
+    time_scale: float,
+    max_output_tokens: int,
+) -> TorchClusterOptions:
+    from toolkit.serve.torch import TorchClusterOptions
+
+    opt = sim.get
+    return TorchClusterOptions(
+        nodes=opt("nodes"), split=opt("split"), model=model, device=device, seed=opt("seed"),
+        eviction=opt("eviction"), router=opt("router"), planner=opt("planner"),
+        planner_mode=planner_mode, window_s=opt("window"), slices=opt("slices"),
+        profile=opt("profile"), engine_args=tuple(engine_arg), workload=opt("workload"),
+        agents=opt("agents"), arrival_rate_per_min=opt("arrival_rate"),
+        duration_s=opt("duration"), cycle=opt("cycle"), token_scale=token_scale,
+        time_scale=time_scale, max_output_tokens=max_output_tokens,
+    )  # fmt: skip
 
 
-def _serve_sim(
-    options: SimOptions,
-    pace: PaceConfig,
-    *,
-    host: str,
-    port: int,
-    token: str,
-    db: Path | None,
-    run_id: str | None,
-) -> None:
-    """The simulated cluster paced to wall-clock time behind the server."""
-    import uvicorn
-
-    from cluster.server import ControlService, create_app
-    from cluster.sim.paced import PacedSimulation
-    from toolkit.serve.processes import serving
-
+def _config(sim: SimOptions) -> SimConfig:
+    """The simulated cluster's configuration (SimConfig checks every option again)."""
     try:
-        cfg = options.to_config()
-        engines = PacedSimulation(cfg, db, pace, run_id, say=_say)
-        service = ControlService(engines)
+        return sim.to_config()
     except (ConfigError, ValueError) as err:
         console.print(f"[red]error:[/] {err}")
         raise typer.Exit(2) from None
-    app = create_app(service, token)
-    url = f"http://{host}:{port}"
-    # Printed before the server starts so wrappers (pdlab lab, tests) can read it at once.
-    print(f"pdlab serve: {url} token={token}", flush=True)
-    adaptive = f" (adaptive: slower when the simulator lags {pace.max_lag_wall_s:g} s)"
-    console.print(
-        f"[bold]pdlab serve[/] {url}  speed {pace.speed:g}x"
-        f"{adaptive if pace.max_lag_wall_s > 0 else ''}  db {db or '(none)'}\n"
-        f"  mutating calls: Authorization: Bearer {token}"
-    )
-    server = uvicorn.Server(
-        uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
-    )
-    # uvicorn re-raises the SIGINT (SIGTERM, SIGHUP: toolkit.serve.processes) it handled
-    with serving(server), contextlib.suppress(KeyboardInterrupt):
-        server.run()
-    # The run is stored and closed: the process exits without freeing the simulated cluster
-    # object by object (seconds for 100,000 agents after a SIGTERM).
-    leave_garbage_to_os()
-    summary = service.summary
-    if summary is not None and "requests" in summary:
-        console.print(
-            f"run {summary.get('run_id')}: {summary['sim_seconds']:.0f} sim-s, "
-            f"{summary['requests']} requests, {summary['switches']} switches"
-        )
-    failure = service.failure or engines.error
-    if failure is not None:  # the run did not end well: say so, and in the exit code
-        console.print(f"[red]error:[/] the run failed: {escape(failure)}")
-        raise typer.Exit(1)

@@ -2,9 +2,10 @@
 cluster (SPEC §5, §7) and reproduce paper 000's qualitative results.
 
 `simulate`'s simulation options are SimConfig's fields (their flags, help and defaults
-declared beside each field, built into typer options by `toolkit.cli.sim_command`); it turns them
-into a SimConfig through `toolkit.cli.sim_options` (shared with `sweep` and `serve`), checks it before the progress bar starts, and after the summary says
-where the telemetry went and what to run on it next.
+declared beside each field, built into typer options by `toolkit.cli.sim_command`); it turns
+them into a SimConfig through `toolkit.cli.sim_options` (shared with `sweep` and `serve`),
+checks it before the progress bar starts, and after the summary says where the telemetry went
+and what to run on it next.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -24,6 +25,7 @@ from cluster.core import ConfigError
 from toolkit.cli.sim_command import sim_command
 
 if TYPE_CHECKING:
+    from cluster.sim.config import SimConfig
     from toolkit.cli.sim_options import SimOptions
 
 console = Console(stderr=True)
@@ -71,6 +73,55 @@ def simulate_command(
     as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object"),
 ) -> None:
     """Simulate a workload on the embedded cluster and print the run summary."""
+    _check_run_options(fit, db, backend, address)
+    # Heavy imports inside the command, so `pdlab --help` stays fast.
+    from cluster import size_limits
+    from cluster.core import leave_garbage_to_os, tune_gc
+    from toolkit.cli.sim_options import clean_json
+
+    tune_gc()
+    try:
+        cfg = sim.to_config()  # checked: a bad option fails before the progress bar
+        size_limits.PARTITIONS.check("--partitions", partitions)
+        size_limits.check("--processes", processes, size_limits.PROCESSES)
+    except ConfigError as err:
+        console.print(f"[red]error:[/] {escape(str(err))}")
+        raise typer.Exit(2) from None
+    try:
+        summary = _simulate(cfg, db, run_id, partitions, processes, backend, address, as_json)
+    except (ConfigError, ValueError) as err:
+        console.print(f"[red]error:[/] {escape(str(err))}")
+        raise typer.Exit(2) from None
+    leave_garbage_to_os()  # the run is stored and its database closed
+    summary = clean_json(summary)
+    fits = None
+    if fit and db is not None:
+        from toolkit.fit.run import fit_run, save_fits
+
+        runs = summary.get("partition_runs") or [summary["run_id"]]
+        fits = [fit_run(db, r) for r in runs]
+        for result in fits:
+            save_fits(db, result)
+    if as_json:
+        from toolkit.fit.run import to_json
+
+        if fits is not None:
+            summary["fits"] = [to_json(f) for f in fits]
+        typer.echo(json.dumps(summary))
+        return
+    _print_summary(summary, agents_given=sim.get("agents") is not None)
+    if fits is not None:
+        from toolkit.cli.fit import _print_table
+
+        for result in fits:
+            _print_table(result, None)
+    runs = summary.get("partition_runs") or ([summary["run_id"]] if summary.get("run_id") else [])
+    _print_next_steps(db, runs, fitted=fits is not None)
+
+
+def _check_run_options(fit: bool, db: Path | None, backend: str, address: str | None) -> None:
+    """What can fail before the simulation starts: --fit without --db, an unusable --db, a
+    backend that is unknown or not installed (one line each, exit code 2)."""
     if fit and db is None:
         console.print(
             "[red]error:[/] --fit needs --db (the models are fitted from the stored iteration logs)"
@@ -85,12 +136,6 @@ def simulate_command(
         except TelemetryError as err:
             console.print(f"[red]error:[/] --db: {err}")
             raise typer.Exit(2) from None
-    # Heavy imports inside the command, so `pdlab --help` stays fast.
-    from cluster import size_limits
-    from cluster.core import leave_garbage_to_os, tune_gc
-    from cluster.sim.runner import simulate
-    from toolkit.cli.sim_options import clean_json
-
     if backend not in ("local", "ray"):
         console.print(f"[red]error:[/] --backend must be one of local, ray, got {backend!r}")
         raise typer.Exit(2)
@@ -105,66 +150,54 @@ def simulate_command(
         except ConfigError as err:
             console.print(f"[red]error:[/] {escape(str(err))}")
             raise typer.Exit(2) from None
-    tune_gc()
-    try:
-        cfg = sim.to_config()  # checked: a bad option fails before the progress bar
-        size_limits.PARTITIONS.check("--partitions", partitions)
-        size_limits.check("--processes", processes, size_limits.PROCESSES)
-    except ConfigError as err:
-        console.print(f"[red]error:[/] {escape(str(err))}")
-        raise typer.Exit(2) from None
-    try:
-        with Progress(
-            TextColumn("[bold]simulating[/] {task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed:.0f}/{task.total:.0f} sim-s"),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            console=console,
-            transient=as_json,
-        ) as bar:
-            if partitions > 1 or backend == "ray":
-                from cluster.sim.partitions import simulate_partitioned
 
-                task = bar.add_task(
-                    f"{cfg.workload}: {partitions} partitions of "
-                    f"{cfg.nodes // max(partitions, 1)} nodes",
-                    total=partitions,
-                )
-                summary = simulate_partitioned(
-                    cfg,
-                    partitions,
-                    db,
-                    run_id,
-                    processes=processes,
-                    backend=backend,
-                    on_done=lambda _r: bar.advance(task),
-                    ray_address=address,
-                )
-            else:
-                task = bar.add_task(f"{cfg.workload} on {cfg.nodes} nodes", total=cfg.duration_s)
-                summary = simulate(
-                    cfg, db, run_id, progress=lambda t: bar.update(task, completed=t)
-                )
-    except (ConfigError, ValueError) as err:
-        console.print(f"[red]error:[/] {escape(str(err))}")
-        raise typer.Exit(2) from None
-    leave_garbage_to_os()  # the run is stored and its database closed
-    summary = clean_json(summary)
-    fits = None
-    if fit and db is not None:
-        from toolkit.cli.fit import _print_table
-        from toolkit.fit.run import fit_run, save_fits, to_json
 
-        runs = summary.get("partition_runs") or [summary["run_id"]]
-        fits = [(fit_run(db, r), r) for r in runs]
-        for result, _ in fits:
-            save_fits(db, result)
-    if as_json:
-        if fits is not None:
-            summary["fits"] = [to_json(f) for f, _ in fits]
-        typer.echo(json.dumps(summary))
-        return
+def _simulate(
+    cfg: SimConfig,
+    db: Path | None,
+    run_id: str | None,
+    partitions: int,
+    processes: int | None,
+    backend: str,
+    address: str | None,
+    as_json: bool,
+) -> dict[str, Any]:
+    """The run (partitioned when asked), behind a progress bar of simulated seconds."""
+    from cluster.sim.runner import simulate
+
+    with Progress(
+        TextColumn("[bold]simulating[/] {task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed:.0f}/{task.total:.0f} sim-s"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=as_json,
+    ) as bar:
+        if partitions > 1 or backend == "ray":
+            from cluster.sim.partitions import simulate_partitioned
+
+            task = bar.add_task(
+                f"{cfg.workload}: {partitions} partitions of "
+                f"{cfg.nodes // max(partitions, 1)} nodes",
+                total=partitions,
+            )
+            return simulate_partitioned(
+                cfg,
+                partitions,
+                db,
+                run_id,
+                processes=processes,
+                backend=backend,
+                on_done=lambda _r: bar.advance(task),
+                ray_address=address,
+            )
+        task = bar.add_task(f"{cfg.workload} on {cfg.nodes} nodes", total=cfg.duration_s)
+        return simulate(cfg, db, run_id, progress=lambda t: bar.update(task, completed=t))
+
+
+def _print_summary(summary: dict[str, Any], *, agents_given: bool) -> None:
+    """The run's summary as a table, and a line on a trace replay."""
     table = Table(title=f"run {summary.get('run_id') or '(not stored)'}", show_header=False)
     for key in (
         "workload", "partitions", "initial_split", "final_split", "planner", "router", "eviction", "sim_seconds",
@@ -181,13 +214,9 @@ def simulate_command(
     if summary.get("warmup_forms"):
         table.add_row("warmup_forms", forms_line(summary["warmup_forms"]))
     Console().print(table)
-    note = trace_note(summary, agents_given=sim.get("agents") is not None)
+    note = trace_note(summary, agents_given=agents_given)
     if note:
         Console().print(note, soft_wrap=True, markup=False, highlight=False)
-    for result, _ in fits or ():
-        _print_table(result, None)
-    runs = summary.get("partition_runs") or ([summary["run_id"]] if summary.get("run_id") else [])
-    _print_next_steps(db, runs, fitted=fits is not None)
 
 
 def trace_note(summary: dict[str, object], *, agents_given: bool = False) -> str | None:

@@ -33,11 +33,15 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from toolkit.cli.formatting import json_text, percent
+
+if TYPE_CHECKING:
+    from toolkit.twin.run import TwinResult
+    from toolkit.twin.whatif import WhatIfResult
 
 EXIT_INPUT = 2
 
@@ -102,40 +106,93 @@ def twin_command(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Replay a recorded run's requests on models of its serving and compare with the real run."""
+    engine = {
+        "gpu_memory_gib": gpu_memory_gib,
+        "gpu_memory_utilization": gpu_memory_utilization,
+        "max_num_seqs": max_num_seqs,
+        "max_num_batched_tokens": max_num_batched_tokens,
+        "link_gbps": link_gbps,
+        "link_latency_s": None if link_latency_us is None else link_latency_us * 1e-6,
+    }
+    _check_sizes(engine, link_latency_us)
+    if profile is None:
+        given = [_ENGINE_FLAGS[k] for k, v in engine.items() if v is not None]
+        given += ["--what-if"] * bool(what_if_items) + ["--force"] * force
+        _cluster_twin(db, run, store, seed, rescale, as_json, given)
+        return
+    result, alt = _replay(
+        db, run, profile, what_if_items, engine, store=store, seed=seed, interval=interval,
+        interval_replays=interval_replays, force=force,
+    )  # fmt: skip
+    _report(result, alt, as_json)
+
+
+# The engine settings of a replay and the flags that set them (a PD cluster run takes none).
+_ENGINE_FLAGS = {
+    "gpu_memory_gib": "--gpu-memory-gib",
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "max_num_seqs": "--max-num-seqs",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "link_gbps": "--link-gbps",
+    "link_latency_s": "--link-latency-us",
+}
+
+
+def _report(result: TwinResult, alt: WhatIfResult | None, as_json: bool) -> None:
+    """The replay (and its what-if) as one JSON object or as text."""
+    doc = result.to_json()
+    if alt is not None:
+        doc["what_if"] = alt.to_json()
+    if as_json:
+        typer.echo(json_text(doc))
+        return
+    from rich.console import Console
+
+    console = Console()
+    _print_replay(console, result, doc)
+    if alt is not None:
+        _print_what_if(console, alt)
+
+
+def _check_sizes(engine: dict[str, Any], link_latency_us: float | None) -> None:
+    """Every size checked before anything is read or allocated (cluster.size_limits)."""
     from cluster import size_limits as limits
     from cluster.core import ConfigError
-    from telemetry import TelemetryError
-    from toolkit.twin.run import run_twin
-    from toolkit.twin.whatif import PD_KEYS, WhatIfResult, parse_changes, what_if
 
-    try:  # every size checked before anything is read or allocated (cluster.size_limits)
-        limits.check("--gpu-memory-gib", gpu_memory_gib, limits.GPU_MEMORY_GIB)
+    try:
+        limits.check("--gpu-memory-gib", engine["gpu_memory_gib"], limits.GPU_MEMORY_GIB)
         limits.check(
-            "--gpu-memory-utilization",
-            gpu_memory_utilization,
-            limits.UTILIZATION,
+            "--gpu-memory-utilization", engine["gpu_memory_utilization"], limits.UTILIZATION
         )
-        limits.check("--max-num-seqs", max_num_seqs, limits.MAX_NUM_SEQS)
-        limits.check("--max-num-batched-tokens", max_num_batched_tokens, limits.BATCHED_TOKENS)
-        limits.check("--link-gbps", link_gbps, limits.LINK_GBPS)
+        limits.check("--max-num-seqs", engine["max_num_seqs"], limits.MAX_NUM_SEQS)
+        limits.check(
+            "--max-num-batched-tokens", engine["max_num_batched_tokens"], limits.BATCHED_TOKENS
+        )
+        limits.check("--link-gbps", engine["link_gbps"], limits.LINK_GBPS)
         limits.check("--link-latency-us", link_latency_us, limits.LINK_LATENCY_US)
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(EXIT_INPUT) from None
-    if profile is None:
-        engine_flags = {
-            "--gpu-memory-gib": gpu_memory_gib,
-            "--gpu-memory-utilization": gpu_memory_utilization,
-            "--max-num-seqs": max_num_seqs,
-            "--max-num-batched-tokens": max_num_batched_tokens,
-            "--link-gbps": link_gbps,
-            "--link-latency-us": link_latency_us,
-            "--what-if": what_if_items or None,
-            "--force": force or None,
-        }
-        given = [k for k, v in engine_flags.items() if v is not None]
-        _cluster_twin(db, run, store, seed, rescale, as_json, given)
-        return
+
+
+def _replay(
+    db: Path,
+    run: str | None,
+    profile: Path,
+    what_if_items: list[str],
+    engine: dict[str, Any],
+    *,
+    store: bool,
+    seed: int,
+    interval: bool,
+    interval_replays: int,
+    force: bool,
+) -> tuple[TwinResult, WhatIfResult | None]:
+    """The twin's replay of the run, and of its what-if if one was asked (exit 2 on bad input)."""
+    from telemetry import TelemetryError
+    from toolkit.twin.run import run_twin
+    from toolkit.twin.whatif import PD_KEYS, parse_changes, what_if
+
     try:
         changes = parse_changes(what_if_items) if what_if_items else None
         result = run_twin(
@@ -147,12 +204,7 @@ def twin_command(
             interval=interval,
             profile_replays=interval_replays,
             force=force,
-            gpu_memory_gib=gpu_memory_gib,
-            gpu_memory_utilization=gpu_memory_utilization,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            link_gbps=link_gbps,
-            link_latency_s=None if link_latency_us is None else link_latency_us * 1e-6,
+            **engine,
         )
         alt: WhatIfResult | None = None
         if changes is not None and changes.keys() & set(PD_KEYS):
@@ -164,16 +216,11 @@ def twin_command(
     except (ValueError, TelemetryError, FileNotFoundError) as exc:  # ConfigError is a ValueError
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(EXIT_INPUT) from None
-    doc = result.to_json()
-    if alt is not None:
-        doc["what_if"] = alt.to_json()
-    if as_json:
-        typer.echo(json_text(doc))
-        return
-    from rich.console import Console
-    from rich.table import Table
+    return result, alt
 
-    console = Console()
+
+def _print_replay(console: Any, result: TwinResult, doc: dict[str, Any]) -> None:
+    """The replay's metrics, sources, guards, engine settings and ranks, as text."""
     if result.forced:
         console.print(_forced_line(doc["guards"]))
     console.print(_metrics_table(result.run_id, doc["requests"], result.metrics))
@@ -202,34 +249,40 @@ def twin_command(
         + (f"; stored as run {result.twin_run_id}" if result.twin_run_id else "")
     )
     _print_ranks_and_parameters(console, doc)
-    if alt is not None:
-        wt = Table(
-            title="what if " + ", ".join(f"{k}={v}" for k, v in alt.changes.items()),
-            caption="estimate = real x what-if replay / baseline replay; the interval adds the "
-            "twin's measured error to the bootstrap spread",
+
+
+def _print_what_if(console: Any, alt: WhatIfResult) -> None:
+    """The what-if's estimates with their intervals (and a PD what-if's baseline error)."""
+    from rich.table import Table
+
+    from toolkit.twin.whatif import PD_KEYS
+
+    wt = Table(
+        title="what if " + ", ".join(f"{k}={v}" for k, v in alt.changes.items()),
+        caption="estimate = real x what-if replay / baseline replay; the interval adds the "
+        "twin's measured error to the bootstrap spread",
+    )
+    for col in ("metric", "real", "estimate", "change", "95% interval"):
+        wt.add_column(col, justify="left" if col == "metric" else "right")
+    for name, w in alt.metrics.items():
+        wt.add_row(
+            name,
+            f"{w.real:.4g}",
+            f"{w.estimate:.4g}",
+            f"{100 * w.change:+.1f}%",
+            f"[{w.ci95[0]:.4g}, {w.ci95[1]:.4g}]",
         )
-        for col in ("metric", "real", "estimate", "change", "95% interval"):
-            wt.add_column(col, justify="left" if col == "metric" else "right")
-        for name, w in alt.metrics.items():
-            wt.add_row(
-                name,
-                f"{w.real:.4g}",
-                f"{w.estimate:.4g}",
-                f"{100 * w.change:+.1f}%",
-                f"[{w.ci95[0]:.4g}, {w.ci95[1]:.4g}]",
-            )
-        console.print(wt)
-        console.print(f"what-if replay: KV {alt.kv_blocks} blocks, {alt.preemptions} preemptions")
-        if alt.changes.keys() & set(PD_KEYS):
-            errors = ", ".join(
-                f"{name} {100 * (m.baseline_sim / m.real - 1):+.1f}%"
-                for name, m in alt.metrics.items()
-                if name.endswith("_mean_s") and m.real
-            )
-            console.print(
-                "baseline (the cluster simulator's replay of the recorded layout) vs real: "
-                + errors
-            )
+    console.print(wt)
+    console.print(f"what-if replay: KV {alt.kv_blocks} blocks, {alt.preemptions} preemptions")
+    if alt.changes.keys() & set(PD_KEYS):
+        errors = ", ".join(
+            f"{name} {100 * (m.baseline_sim / m.real - 1):+.1f}%"
+            for name, m in alt.metrics.items()
+            if name.endswith("_mean_s") and m.real
+        )
+        console.print(
+            "baseline (the cluster simulator's replay of the recorded layout) vs real: " + errors
+        )
 
 
 def _print_ranks_and_parameters(console: Any, doc: dict[str, Any]) -> None:

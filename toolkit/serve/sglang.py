@@ -10,7 +10,6 @@ Policies (router, planner, tokenizer, timeouts) come from the file's [cluster] t
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,10 +50,9 @@ def serve_sglang(
     run_id: str | None,
 ) -> None:
     """Discover the engines, then serve until Ctrl-C / SIGTERM / SIGHUP (the run is closed)."""
-    import uvicorn
-
     from cluster.live.cluster import SGLangCluster
-    from toolkit.serve.processes import log_to_stderr, serving
+    from toolkit.serve.loop import http_server, run_until_stopped
+    from toolkit.serve.processes import log_to_stderr
 
     log_to_stderr()
     try:
@@ -65,18 +63,13 @@ def serve_sglang(
         raise typer.Exit(2) from None
     app = create_sglang_app(cluster, token)
     url = f"http://{host}:{port}"
-    print(f"pdlab serve: {url} token={token}", flush=True)
     roles = ", ".join(f"{e.node_id}:{e.role} {e.http_url}" for e in cluster.config.engines)
-    console.print(
+    banner = (
         f"[bold]pdlab serve --sglang[/] {url}  engines {roles}  db {db or '(none)'}\n"
         f"  data plane: {url}/generate, {url}/v1/chat/completions (OpenAI base_url {url}/v1)\n"
         f"  mutating control calls: Authorization: Bearer {token}"
     )
-    server = uvicorn.Server(
-        uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
-    )
-    with serving(server), contextlib.suppress(KeyboardInterrupt):  # SIGHUP: graceful too
-        server.run()
+    run_until_stopped(http_server(app, host=host, port=port), url=url, token=token, banner=banner)
     s = cluster.summary
     if s is not None:
         console.print(

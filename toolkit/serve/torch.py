@@ -17,7 +17,6 @@ environment, sent with every engine call).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import threading
@@ -33,6 +32,8 @@ from rich.console import Console
 from cluster.core import ConfigError
 
 if TYPE_CHECKING:
+    import uvicorn
+
     from cluster.live.agent_loop import AgentLoop
     from cluster.live.launched import LaunchedCluster
 
@@ -175,9 +176,8 @@ def serve_torch(
     run_id: str | None,
 ) -> None:
     """Start the engines, serve until Ctrl-C / SIGTERM / SIGHUP, stop everything."""
-    import uvicorn
-
-    from toolkit.serve.processes import log_to_stderr, serving
+    from toolkit.serve.loop import http_server, run_until_stopped
+    from toolkit.serve.processes import log_to_stderr
     from toolkit.serve.sglang import create_sglang_app
 
     log_to_stderr()
@@ -197,16 +197,11 @@ def serve_torch(
         except ConfigError as err:
             console.print(f"[red]error:[/] {err}")
             raise typer.Exit(2) from None
-        app = create_sglang_app(cluster, token)
-        server = uvicorn.Server(
-            uvicorn.Config(
-                app, host=host, port=port, log_level="warning", lifespan="on",
-                timeout_graceful_shutdown=5,
-            )
-        )  # fmt: skip
+        server = http_server(
+            create_sglang_app(cluster, token), host=host, port=port, timeout_graceful_shutdown=5
+        )
         engines = ", ".join(f"{p.node_id}:{p.role} {p.url}" for p in cluster.processes)
-        print(f"pdlab serve: {url} token={token}", flush=True)
-        console.print(
+        banner = (
             f"[bold]pdlab serve --engines torch[/] {url}  engines {engines}\n"
             f"  engine logs {cluster.log_dir}  db {db or '(none)'}\n"
             f"  agents: {opts.workload}, token scale {opts.token_scale:g}, "
@@ -215,8 +210,7 @@ def serve_torch(
         )
         starter = threading.Thread(target=_start_agents, args=(server, agents), daemon=True)
         starter.start()
-        with serving(server), contextlib.suppress(KeyboardInterrupt):
-            server.run()
+        run_until_stopped(server, url=url, token=token, banner=banner)
     except KeyboardInterrupt:
         pass
     finally:
