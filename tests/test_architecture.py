@@ -279,7 +279,6 @@ LONG_FUNCTIONS: dict[str, int] = {
     "toolkit/advise/run.py::advise": 117,
     "toolkit/cli/advise.py::_print": 88,
     "toolkit/cli/advise.py::advise_command": 91,
-    "toolkit/cli/engine.py::engine_command": 152,
     "toolkit/cli/fit.py::fit_command": 85,
     "toolkit/cli/lab.py::lab_command": 116,
     "toolkit/cli/profile.py::import_command": 144,

@@ -32,6 +32,7 @@ import json
 import os
 import signal
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,6 +42,7 @@ from cluster.core import ConfigError
 
 if TYPE_CHECKING:
     from cluster.engines.torch.dp_group import DPGroup
+    from cluster.engines.torch.engine import TorchEngine
 
 # --role -> the engine's role ("null" is SGLang's name for a collocated engine)
 ROLES = {"collocated": "null", "null": "null", "prefill": "prefill", "decode": "decode"}
@@ -117,63 +119,115 @@ def engine_command(
     ),
 ) -> None:
     """Serve one torch engine (SGLang's HTTP API, KV events, forward-pass metrics)."""
+    args = EngineArgs(**locals())  # the first statement: the locals are the options
+    _check_torch_and_role(args.role)
+    secret, generated, group, engine = _build(args)
+    if group is not None:
+        _serve_group(group, args.parent_pid, generated)
+    elif engine is not None:
+        _serve_engine(engine, args, secret, generated)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineArgs:
+    """The options of `pdlab engine`, as given."""
+
+    model: str
+    host: str
+    port: int
+    role: str
+    device: str
+    dtype: str
+    threads: int
+    seed: int
+    page_size: int
+    kv_gpu_tokens: int
+    kv_host_tokens: int
+    chunk_tokens: int
+    max_running: int
+    eviction: str
+    enable_pd_role_switch: bool
+    bootstrap_port: int
+    kv_events_endpoint: str | None
+    kv_replay_endpoint: str | None
+    forward_metrics_endpoint: str | None
+    parent_pid: int | None
+    token: str | None
+    max_body_bytes: int | None
+    dp: int
+    ep: int
+    dp_sync_interval: int
+    log_dir: str | None
+
+
+def _check_torch_and_role(role: str) -> None:
+    """torch installed (one line saying how to get it) and a known --role, else exit 2."""
     from toolkit.extras import torch_missing
 
     if (missing := torch_missing("pdlab engine")) is not None:
         typer.echo(f"error: {missing}", err=True)
         raise typer.Exit(2)
-    import zmq
-
-    from cluster.engines.shell.guard import engine_token
-    from cluster.engines.torch.config import EngineConfig, preset
-    from cluster.engines.torch.dp_group import DPGroup
-    from cluster.engines.torch.engine import TorchEngine
-
     if role not in ROLES:
         typer.echo(
             f"error: --role must be collocated (or null), prefill or decode, got {role!r}",
             err=True,
         )
         raise typer.Exit(2)
-    role = ROLES[role]
+
+
+def _build(args: EngineArgs) -> tuple[str, bool, DPGroup | None, TorchEngine | None]:
+    """The token (and whether it was generated), and the DP group or the one engine."""
+    from cluster.engines.shell.guard import engine_token
+    from cluster.engines.torch.config import EngineConfig, preset
+    from cluster.engines.torch.dp_group import DPGroup
+    from cluster.engines.torch.engine import TorchEngine
+
+    role = ROLES[args.role]
     try:
-        secret, generated = engine_token(token)
+        secret, generated = engine_token(args.token)
         cfg = EngineConfig(
-            model=preset(model),
-            seed=seed,
-            page_size=page_size,
-            gpu_pages=max(kv_gpu_tokens // page_size, 0),
-            host_pages=max(kv_host_tokens // page_size, 0),
-            chunk_tokens=chunk_tokens,
-            max_running=max_running,
-            eviction=eviction,
-            device=device,
-            dtype=dtype,
-            num_threads=threads,
+            model=preset(args.model),
+            seed=args.seed,
+            page_size=args.page_size,
+            gpu_pages=max(args.kv_gpu_tokens // args.page_size, 0),
+            host_pages=max(args.kv_host_tokens // args.page_size, 0),
+            chunk_tokens=args.chunk_tokens,
+            max_running=args.max_running,
+            eviction=args.eviction,
+            device=args.device,
+            dtype=args.dtype,
+            num_threads=args.threads,
         )
-        if dp > 1 or ep > 1 or log_dir:
-            group = DPGroup(cfg, dp, ep, role=role, host=host, port=port, log_dir=log_dir,
-                            sync_interval=dp_sync_interval, bootstrap_port=bootstrap_port,
-                            enable_pd_role_switch=enable_pd_role_switch, token=secret,
-                            max_body_bytes=max_body_bytes)  # fmt: skip
-            _serve_group(group, parent_pid, generated)
-            return
+        if args.dp > 1 or args.ep > 1 or args.log_dir:
+            group = DPGroup(cfg, args.dp, args.ep, role=role, host=args.host, port=args.port,
+                            log_dir=args.log_dir, sync_interval=args.dp_sync_interval,
+                            bootstrap_port=args.bootstrap_port,
+                            enable_pd_role_switch=args.enable_pd_role_switch, token=secret,
+                            max_body_bytes=args.max_body_bytes)  # fmt: skip
+            return secret, generated, group, None
         engine = TorchEngine(
             cfg,
             role,  # type: ignore[arg-type]
-            host=host,
-            port=port,
-            kv_events_endpoint=kv_events_endpoint,
-            kv_replay_endpoint=kv_replay_endpoint,
-            forward_metrics_endpoint=forward_metrics_endpoint,
-            bootstrap_port=bootstrap_port,
-            enable_pd_role_switch=enable_pd_role_switch,
+            host=args.host,
+            port=args.port,
+            kv_events_endpoint=args.kv_events_endpoint,
+            kv_replay_endpoint=args.kv_replay_endpoint,
+            forward_metrics_endpoint=args.forward_metrics_endpoint,
+            bootstrap_port=args.bootstrap_port,
+            enable_pd_role_switch=args.enable_pd_role_switch,
             token=secret,
-            max_body_bytes=max_body_bytes,
+            max_body_bytes=args.max_body_bytes,
         )
     except (ConfigError, ValueError, RuntimeError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
+    return secret, generated, None, engine
+
+
+def _serve_engine(engine: TorchEngine, args: EngineArgs, secret: str, generated: bool) -> None:
+    """Start the engine, announce it, serve until a signal (or the launcher is gone)."""
+    import zmq
+
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
@@ -181,7 +235,7 @@ def engine_command(
         endpoints = engine.start()
     except (OSError, RuntimeError, zmq.ZMQError) as err:
         engine.stop()
-        typer.echo(f"error: cannot serve on {host}:{port}: {err}", err=True)
+        typer.echo(f"error: cannot serve on {args.host}:{args.port}: {err}", err=True)
         raise typer.Exit(2) from None
     try:
         token_file = _announce_token(secret, generated, engine.port, engine.max_body_bytes)
@@ -192,7 +246,7 @@ def engine_command(
     print(f"pdlab engine ready: {json.dumps(endpoints._asdict())}", flush=True)
     try:
         while not stop.wait(0.1):
-            if parent_pid is not None and os.getppid() != parent_pid:
+            if args.parent_pid is not None and os.getppid() != args.parent_pid:
                 break  # the launcher is gone (this process was reparented)
     finally:
         engine.stop()
