@@ -4,7 +4,7 @@
 
 DB holds runs imported with `pdlab import lss-run` and a throughput reference
 (scripts/a6000_figures.sh makes one). For each run the twin is replayed once
-(toolkit.twin_lss) and its series is split, as the real series runs, into phases: ramp
+(toolkit.twin.lss) and its series is split, as the real series runs, into phases: ramp
 (ticks 1-5), arrivals (prefills interleaved with decodes, to the last arrival), decode
 (arrivals over, until the real series falls below half its peak) and tail (the last
 requests). Per phase: tokens twin / real (and LLMServingSim / real), and the phase's share
@@ -25,9 +25,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from toolkit.queries.run import open_run
-from toolkit.twin_lss import load_cluster_inputs, replay_cluster_run
-from toolkit.validate_cluster import _arrays
-from toolkit.validate_series import throughput_ticks, tick_mape
+from toolkit.twin.lss import load_cluster_inputs, replay_cluster_run
+from toolkit.validate.cluster import _arrays
+from toolkit.validate.series import throughput_ticks, tick_mape
 
 
 def _fit(a: np.ndarray, n: int) -> np.ndarray:

@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
         write_group_run(a.db, run)
     summary = summarize(a.db, a.run_id)
     if a.bundle:
-        from toolkit.torch_ep_group import BUNDLE_DIR, write_bundle
+        from toolkit.samples.torch_ep_group import BUNDLE_DIR, write_bundle
 
         write_bundle(a.db, a.run_id)
         (BUNDLE_DIR / a.run_id / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")

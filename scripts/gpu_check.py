@@ -145,9 +145,9 @@ def run_torch(a: argparse.Namespace) -> dict[str, Any]:
 
     from cluster.live.serving import ServerThread
     from telemetry import open_reader
-    from toolkit.commands_serve_sglang import create_sglang_app
-    from toolkit.commands_serve_torch import TorchClusterOptions, build_agents, build_cluster
-    from toolkit.fitting import fit_run
+    from toolkit.fit.run import fit_run
+    from toolkit.serve.sglang import create_sglang_app
+    from toolkit.serve.torch import TorchClusterOptions, build_agents, build_cluster
 
     opts = TorchClusterOptions(
         nodes=a.nodes, split=a.split, model=a.preset, device=a.device, workload=a.workload,
@@ -252,8 +252,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     from cluster.live.serving import ServerThread
     from cluster.workloads import make_workload
     from telemetry import open_reader
-    from toolkit.commands_serve_sglang import create_sglang_app
-    from toolkit.fitting import fit_run
+    from toolkit.fit.run import fit_run
+    from toolkit.serve.sglang import create_sglang_app
 
     gpus = [int(g) for g in a.gpus.split(",")]
     if len(gpus) != 2:

@@ -11,7 +11,7 @@ prices the group's iterations from the engine itself.
     python scripts/torch_op_profile.py -o profiles/torch_tiny_moe_ep2 --ep 2 --dp 2
 
 `--calibrate DB RUN --from DIR` measures nothing: it calibrates the bundle DIR in situ on
-a recorded group run (toolkit.torch_profile_calibration: operator times scaled by the
+a recorded group run (toolkit.profiles.torch_calibration: operator times scaled by the
 run's measured / priced compute, the link fitted on its lockstep steps) into `-o` and
 imports that ("fitted on run RUN" in the profile). Calibrate on a run kept for it; compare
 the twin on other runs. `--import-only` imports the bundle `-o` as it is.
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     if a.import_only:
         pass
     elif a.calibrate is not None:
-        from toolkit.torch_profile_calibration import calibrate
+        from toolkit.profiles.torch_calibration import calibrate
 
         if a.src is None:
             p.error("--calibrate needs --from BUNDLE (the measured profile directory)")

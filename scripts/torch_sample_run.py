@@ -4,7 +4,7 @@ Starts the live cluster of `pdlab serve --engines torch` (three tiny-moe engines
 torch thread each, 1P2D), plays cc agents through its proxy for `--duration` seconds with
 short tool gaps (so decode batches grow past a few requests and phi(B) is sampled over a
 range of B), stops, and keeps only what a fit needs: the run's `runs`, `nodes` and
-iteration rows as Parquet (`toolkit.torch_sample`; the KV events, requests and router
+iteration rows as Parquet (`toolkit.samples.torch_cluster`; the KV events, requests and router
 decisions of a live run are left out to keep the files small). Prints the fit's held-out
 MAPE per node and phase and the spread of decode pass times at equal batch size.
 
@@ -26,8 +26,8 @@ sys.path.insert(0, str(ROOT))
 
 def record(db: Path, duration_s: float, agents: int, seed: int) -> str:
     from cluster.live.serving import ServerThread
-    from toolkit.commands_serve_sglang import create_sglang_app
-    from toolkit.commands_serve_torch import TorchClusterOptions, build_agents, build_cluster
+    from toolkit.serve.sglang import create_sglang_app
+    from toolkit.serve.torch import TorchClusterOptions, build_agents, build_cluster
 
     opts = TorchClusterOptions(agents=agents, time_scale=0.02, seed=seed, planner="static")
     cluster = build_cluster(opts, db, None)
@@ -53,9 +53,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--agents", type=int, default=24)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
-    from toolkit.fitting import fit_run, mape_table
+    from toolkit.fit.run import fit_run, mape_table
     from toolkit.queries import decode_noise, open_run
-    from toolkit.torch_sample import SAMPLE_DIR, torch_sample_db, write_sample
+    from toolkit.samples.torch_cluster import SAMPLE_DIR, torch_sample_db, write_sample
 
     out = a.out or SAMPLE_DIR
     with tempfile.TemporaryDirectory(prefix="pdlab-sample-") as tmp:

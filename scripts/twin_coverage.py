@@ -6,7 +6,7 @@ Imports into one database (`--db`, else a scratch one) every real run of the dat
 directory: each `real_runs/<run>/` benchmark run with its operator profile
 (`profiles/llmservingsim_<run without _vllm>`, its `tp<N>/` bundle when the run served TP N)
 and model config (`models/<meta.json model>.json`), and the six A6000 setups of
-`lss_ispass26_a6000/` (toolkit.lss_data); then runs `pdlab validate` on it (toolkit.validate.
+`lss_ispass26_a6000/` (toolkit.samples.lss_a6000); then runs `pdlab validate` on it (toolkit.validate.run.
 validate_runs, the same call) and prints, per run and relative metric (mean TTFT, TPOT,
 E2E where the run has them; span and output-token throughput; mean KV in use): real, twin,
 error, the 95% interval of the error, covered, the half-width; each source's share (its
@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT))
 from cluster.hardware.model_shape import ModelShape  # noqa: E402
 from cluster.hardware.operator_profile import build_profile  # noqa: E402
 from toolkit.importers import read_vllm_bench, write_runs  # noqa: E402
-from toolkit.lss_data import import_lss_a6000  # noqa: E402
-from toolkit.validate import validate_runs  # noqa: E402
+from toolkit.samples.lss_a6000 import import_lss_a6000  # noqa: E402
+from toolkit.validate.run import validate_runs  # noqa: E402
 
 HEADLINE = ("ttft_mean_s", "tpot_mean_s", "e2e_mean_s", "span_s", "throughput_tok_s")
 

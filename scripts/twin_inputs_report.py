@@ -175,8 +175,8 @@ def decode_gap(data: Path) -> None:
 
 
 def nine_nodes(db: Path) -> None:
-    from toolkit.fit_forms import fit_run_forms
-    from toolkit.fitting import fit_run
+    from toolkit.fit.forms import fit_run_forms
+    from toolkit.fit.run import fit_run
 
     rows = fit_run(db)
     auto = fit_run_forms(db, form="auto", ci="time")

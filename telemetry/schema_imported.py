@@ -1,7 +1,7 @@
 """Tables of imported real runs of serving clusters and what they are validated against.
 
 `pdlab import lss-run` fills them (toolkit.importers.lss_run), `pdlab validate` reads them
-(toolkit.validate). Defined here to keep telemetry/schema.py short; schema.py merges them
+(toolkit.validate.run). Defined here to keep telemetry/schema.py short; schema.py merges them
 into `TABLES` with its own column builder, so they are checked and documented like the rest.
 """
 

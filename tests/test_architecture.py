@@ -22,11 +22,34 @@ MAX_LINES = 500
 # sim -> sweep -> experiments, with the server, the live clusters and the engines beside the
 # simulator, never importing it or each other (the CLI wires them together); below them the
 # engine streams (`cluster.wire`) and SGLang's own formats (`cluster.sglang`) above those.
+TOOLKIT_DATA = ("toolkit.queries", "toolkit.importers", "toolkit.samples")
 BASE = ("cluster.core", "cluster.input_files", "cluster.size_limits", "cluster.data")
 ALLOWED: dict[str, tuple[str, ...]] = {
     "models": (),
     "telemetry": (),
+    # toolkit/ by feature: its top-level modules (report, client, notebook, grafana, bench,
+    # vllm_plugin, progress, extras) may import any of it; the CLI may import everything; the
+    # serve composition roots only the core packages; a feature (twin, advise, validate, fit,
+    # profiles) never the CLI or serve; the data and drawing layers (queries, plots, widgets,
+    # importers, samples) no feature but the fits they show.
     "toolkit": ("models", "telemetry", "cluster"),
+    "toolkit.cli": ("models", "telemetry", "cluster", "toolkit"),
+    "toolkit.serve": ("models", "telemetry", "cluster"),
+    "toolkit.twin": ("models", "telemetry", "cluster", *TOOLKIT_DATA, "toolkit.fit"),
+    "toolkit.advise": ("models", "telemetry", "cluster", *TOOLKIT_DATA, "toolkit.fit", "toolkit.twin"),
+    "toolkit.validate": (
+        "models", "telemetry", "cluster", *TOOLKIT_DATA, "toolkit.fit", "toolkit.twin",
+        "toolkit.profiles",
+    ),
+    "toolkit.fit": ("models", "telemetry", "cluster", "toolkit.queries"),
+    "toolkit.profiles": ("models", "telemetry", "cluster", *TOOLKIT_DATA, "toolkit.fit"),
+    "toolkit.samples": ("models", "telemetry", "cluster", "toolkit.importers"),
+    "toolkit.importers": ("models", "telemetry", "cluster"),
+    "toolkit.queries": ("models", "telemetry", "cluster", "toolkit.fit"),
+    "toolkit.plots": ("models", "telemetry", "cluster", "toolkit.queries", "toolkit.fit"),
+    "toolkit.widgets": (
+        "models", "telemetry", "cluster", "toolkit.queries", "toolkit.plots", "toolkit.client",
+    ),
     "cluster.core": (),
     "cluster.input_files": ("cluster.core",),
     "cluster.size_limits": ("cluster.core",),
@@ -151,8 +174,28 @@ def test_layer_rules() -> None:
             if theirs == own or dep.startswith(own + "."):
                 continue
             allowed = ALLOWED[own]
-            if not any(theirs == a or theirs.startswith(a + ".") for a in allowed):
+            # a rule may name a layer or one module of it (`toolkit.client`)
+            if not any(x == a or x.startswith(a + ".") for a in allowed for x in (theirs, dep)):
                 broken.append(f"{mod} imports {dep}: {own} may import only {allowed}")
+    assert not broken, "\n".join(broken)
+
+
+def _inside(mod: str, pkg: str) -> bool:
+    return mod == pkg or mod.startswith(pkg + ".")
+
+
+def test_only_the_cli_imports_the_cli_and_serve() -> None:
+    """`toolkit/cli` is the top of toolkit and `toolkit/serve` is wired only by it: no other
+    module of toolkit (its top-level modules included, which ALLOWED cannot fence) imports
+    either, so a feature runs from a notebook without the command line or a server."""
+    broken = [
+        f"{mod} imports {dep}"
+        for mod, deps in sorted(_graph().items())
+        if mod.startswith("toolkit") and not _inside(mod, "toolkit.cli")
+        for dep in sorted(deps)
+        if (_inside(dep, "toolkit.cli") or _inside(dep, "toolkit.serve"))
+        and not (_inside(mod, "toolkit.serve") and _inside(dep, "toolkit.serve"))
+    ]
     assert not broken, "\n".join(broken)
 
 
@@ -233,26 +276,22 @@ LONG_FUNCTIONS: dict[str, int] = {
     "cluster/sim/engine_model/cluster_replay.py::replay_cluster": 126,
     "cluster/sim/metrics.py::summarize": 109,
     "telemetry/schema_imported.py::imported_tables": 184,
-    "toolkit/advise.py::advise": 117,
-    "toolkit/commands_advise.py::_print": 88,
-    "toolkit/commands_advise.py::advise_command": 91,
-    "toolkit/commands_engine.py::engine_command": 152,
-    "toolkit/commands_fit.py::fit_command": 85,
-    "toolkit/commands_lab.py::lab_command": 116,
-    "toolkit/commands_profile.py::import_command": 144,
-    "toolkit/commands_serve.py::serve_command": 118,
-    "toolkit/commands_sim.py::simulate_command": 145,
-    "toolkit/commands_sweep.py::sweep_command": 94,
-    "toolkit/commands_twin.py::twin_command": 188,
-    "toolkit/commands_validate.py::validate_command": 89,
-    "toolkit/fit_forms.py::fit_run_forms": 87,
+    "toolkit/advise/run.py::advise": 117,
+    "toolkit/cli/advise.py::_print": 88,
+    "toolkit/cli/advise.py::advise_command": 91,
+    "toolkit/cli/fit.py::fit_command": 85,
+    "toolkit/cli/lab.py::lab_command": 116,
+    "toolkit/cli/profile.py::import_command": 144,
+    "toolkit/cli/sweep.py::sweep_command": 94,
+    "toolkit/cli/validate.py::validate_command": 89,
+    "toolkit/fit/forms.py::fit_run_forms": 87,
     "toolkit/importers/lss_run.py::_assemble": 103,
     "toolkit/importers/sglang_bench.py::_run": 112,
     "toolkit/importers/vllm_bench.py::_engine": 86,
     "toolkit/importers/vllm_bench.py::read_vllm_bench": 129,
     "toolkit/report.py::build_report": 87,
-    "toolkit/synth.py::synth_logs": 85,
-    "toolkit/twin.py::run_twin": 93,
+    "toolkit/fit/synth.py::synth_logs": 85,
+    "toolkit/twin/run.py::run_twin": 93,
 }
 
 

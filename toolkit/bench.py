@@ -13,7 +13,7 @@ from typing import Any
 # Suite name -> "module:function". Each suite returns a flat dict of figures.
 SUITES: dict[str, str] = {}
 SUITES["telemetry"] = "telemetry.bench:run"
-SUITES["fit"] = "toolkit.fit_bench:run"
+SUITES["fit"] = "toolkit.fit.bench:run"
 SUITES["control_plane"] = "cluster.control.bench:run"
 SUITES["simulator"] = "cluster.sim.bench:run"
 SUITES["plots"] = "toolkit.plots.bench:run"

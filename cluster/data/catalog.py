@@ -98,7 +98,7 @@ DATASETS: tuple[Dataset, ...] = (
     Dataset(
         "vidur-a100",
         "profiles/vidur",
-        "A100 attention and Llama-3-8B MLP operator times (toolkit.real_profiles 'a100')",
+        "A100 attention and Llama-3-8B MLP operator times (toolkit.profiles.real 'a100')",
         "microsoft/vidur data/profiling (e2d00e9, 7d47513)",
         "MIT (vidur)",
         (
@@ -111,7 +111,7 @@ DATASETS: tuple[Dataset, ...] = (
     Dataset(
         "lss-h100",
         "profiles/llmservingsim_h100",
-        "H100 Llama-3.1-70B TP4 layer and attention times (toolkit.real_profiles 'h100')",
+        "H100 Llama-3.1-70B TP4 layer and attention times (toolkit.profiles.real 'h100')",
         "casys-kaist/LLMServingSim@9e3f0ece llm_profile/perf_models/H100",
         _LSS_MIT,
         ("SOURCE.txt", "h100_llama31_70b_tp4_attention.csv", "h100_llama31_70b_tp4_layers.csv"),

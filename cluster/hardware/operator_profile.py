@@ -15,7 +15,7 @@ sizes or batch sizes, models.selection.robust_ci) and held-out MAPE (every point
 a fit that did not see it).
 
 A bundle calibrated in situ on a recorded run (`calibration.json` beside the tables, as
-toolkit.torch_profile_calibration writes it) keeps that record (`calibration`), and a
+toolkit.profiles.torch_calibration writes it) keeps that record (`calibration`), and a
 bundle's `link.json` names where the collectives' link came from (`link_source`, when the
 profile's link is that one); both are in the notes.
 

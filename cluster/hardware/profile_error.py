@@ -12,7 +12,7 @@ one point's noise (its own plus a quarter of each neighbour's), hence `NOISE_SCA
 `perturbed(tables, residuals, rng)` is one draw of what the grid could have measured: every
 point of every table multiplied by 1 + r * NOISE_SCALE, r drawn from its table's held-out
 residuals. Replaying on a few draws spreads the twin's metrics as the profile's measurement
-error does (toolkit.twin_interval); errors of different points partly cancel over the
+error does (toolkit.twin.interval); errors of different points partly cancel over the
 thousands of iterations of a replay, errors of the few cells a replay dwells in do not.
 
 `kernel_gap_s(tables, shape)`: the most CUDA graphs can save per iteration against the eager
@@ -27,7 +27,7 @@ this bound leaves out; the profile notes it was timed in eager mode.
 cluster.hardware.layer_tables) rather than measured as the engine runs it (moe.csv: the
 whole block). The engine's fused MoE (routing, token permutation, grouped GEMMs) was then
 not measured at all, so nothing bounds how far the composition is off: the twin's interval
-says "not known" (toolkit.twin_parameters `moe_block`). `with_moe_scaled` multiplies the
+says "not known" (toolkit.twin.parameters `moe_block`). `with_moe_scaled` multiplies the
 block's times.
 """
 

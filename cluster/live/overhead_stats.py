@@ -10,7 +10,7 @@ pass's CPU overhead (models.occupancy.PassOverhead).
 
 Online, every request's join counts (the router's queue estimate holds no decode pass, so
 waiting for one is overhead to it), and the prefill wake-up is not separated from queueing
-(the router's W_n prices the queue; `toolkit.fit_overheads` does the offline split).
+(the router's W_n prices the queue; `toolkit.fit.overheads` does the offline split).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Serving a live SGLang cluster over HTTP: its data plane and a loopback server (SPEC §6).
 
 `add_data_plane` mounts the proxy's routes on an app; `pdlab serve --sglang`
-(toolkit/commands_serve_sglang.py) mounts them on the control server's app, so the REST API
+(toolkit/serve/sglang.py) mounts them on the control server's app, so the REST API
 and the data plane share one port. `ServerThread` runs an app with uvicorn on a loopback
 socket from a background thread (tests, scripts/gpu_check.py).
 """

@@ -12,7 +12,7 @@ from cluster.sim.fields import cli_fields, sim_field
 from cluster.size_limits import DEFAULT_HOOK_BUDGET_S
 
 # Only what the fields need is imported here: `pdlab --help` builds its simulation options
-# from this module (toolkit/sim_cli.py), so the engine, profile and policy modules load
+# from this module (toolkit/cli/sim_command.py), so the engine, profile and policy modules load
 # when a config is checked or resolved, not with the CLI.
 if TYPE_CHECKING:
     from cluster.hardware.profiles import HardwareProfile
@@ -57,7 +57,7 @@ def _policy_ref(label: str, obj: Any) -> PolicyRef:
 class SimConfig:
     """One simulation run. Each field's option name, help text, command-line default and
     size ceiling sit beside it (`sim_field`, cluster/sim/fields.py): `pdlab simulate` and
-    `pdlab serve` build their options from them (toolkit/sim_cli.py)."""
+    `pdlab serve` build their options from them (toolkit/cli/sim_command.py)."""
 
     workload: str = sim_field(
         "cc", type=str, help="putnam | cc | osworld | shift | path to a trace file"
@@ -70,7 +70,7 @@ class SimConfig:
     agents: int | None = sim_field(
         126,
         type=int,
-        cli_default=None,  # 126 unless --arrival-rate (toolkit.sim_options)
+        cli_default=None,  # 126 unless --arrival-rate (toolkit.cli.sim_options)
         help="Closed loop: concurrent agents (default 126 unless --arrival-rate; a trace with "
         "arrival times replays them instead, unless --cycle)",
     )
@@ -94,7 +94,7 @@ class SimConfig:
         600.0,
         flag="warmup",
         type=float,
-        cli_default=None,  # cluster.sweep.default_warmup_s (toolkit.sim_options)
+        cli_default=None,  # cluster.sweep.default_warmup_s (toolkit.cli.sim_options)
         help="Warmup seconds excluded from metrics (default: a sixth of --duration, at most "
         "600; the gain planner serves collocated and fits during the first --learn of them)",
         limit=limits.SIM_SECONDS,
@@ -212,7 +212,7 @@ class SimConfig:
         DEFAULT_HOOK_BUDGET_S,
         flag="hook-budget",
         type=float,
-        cli_default=None,  # 0 on the command line: no limit (toolkit.sim_options)
+        cli_default=None,  # 0 on the command line: no limit (toolkit.cli.sim_options)
         help="Wall seconds one user policy hook call may run before the run fails naming it "
         "(default 10; 0: no limit)",
         limit=limits.HOOK_BUDGET_S,

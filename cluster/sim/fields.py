@@ -2,8 +2,8 @@
 command-line default and size ceiling of each field, kept beside the field as dataclass
 metadata (`sim_field`), so the config is the single source of all of them.
 
-`cli_fields()` reads them back in field order. `toolkit.sim_cli` builds the typer options of
-`pdlab simulate` and `pdlab serve` from it, `toolkit.sim_options.SimOptions` takes the same
+`cli_fields()` reads them back in field order. `toolkit.cli.sim_command` builds the typer options of
+`pdlab simulate` and `pdlab serve` from it, `toolkit.cli.sim_options.SimOptions` takes the same
 names, and `SimConfig._validate_sizes` checks each `limit`. Nothing here imports a CLI
 library: the typer glue lives in toolkit.
 """

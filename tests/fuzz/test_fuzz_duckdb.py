@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from telemetry.schema import TABLES
-from toolkit.fitting import FitInputError, fit_run
-from toolkit.synth import synth_logs
+from toolkit.fit.run import FitInputError, fit_run
+from toolkit.fit.synth import synth_logs
 
 _DIR = Path(tempfile.mkdtemp(prefix="pdlab-fuzz-db-"))
 _TEMPLATE = _DIR / "template.duckdb"

@@ -25,7 +25,7 @@ from cluster.data import BUNDLED
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_profile import build_profile
 from toolkit.importers import read_vllm_bench, write_runs
-from toolkit.twin_whatif import PD_KEYS, WHAT_IF_KEYS, WHAT_IF_LIMITS, parse_changes
+from toolkit.twin.whatif import PD_KEYS, WHAT_IF_KEYS, WHAT_IF_LIMITS, parse_changes
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 RUN = BUNDLED / "real_runs/rtx4090_llama31_8b_vllm"

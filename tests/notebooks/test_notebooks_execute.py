@@ -26,7 +26,7 @@ from nbclient import NotebookClient
 from cluster.sim.runner import simulate
 from cluster.sim.simulator import SimConfig
 from telemetry import TABLES, open_reader
-from toolkit.synth import synth_logs
+from toolkit.fit.synth import synth_logs
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 NAMES = sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))

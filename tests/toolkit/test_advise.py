@@ -14,8 +14,8 @@ import pytest
 from scipy import stats
 from typer.testing import CliRunner
 
-from toolkit.advise import METRICS, advise
-from toolkit.advise_workload import _split, load_run, prefix_hashes
+from toolkit.advise.run import METRICS, advise
+from toolkit.advise.workload import _split, load_run, prefix_hashes
 from toolkit.cli import app
 from toolkit.importers import BenchRun, write_runs
 

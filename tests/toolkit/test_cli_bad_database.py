@@ -54,9 +54,7 @@ def test_bad_database_is_one_line_and_exit_2(
     argv = [a.format(db=db, closed=closed_port) for a in args]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if command == "recover":  # the CLI registers it on merge: run the command function itself
-        code = (
-            "import typer; from toolkit.commands_recover import recover_command as c; typer.run(c)"
-        )
+        code = "import typer; from toolkit.cli.recover import recover_command as c; typer.run(c)"
         cmd = [sys.executable, "-c", code, *argv[1:]]
     else:
         cmd = [sys.executable, "-m", "toolkit.cli", *argv]

@@ -1,5 +1,5 @@
 """`pdlab … --help` is whole at 80 and 120 columns, every option says what it is, and the
-small CLI clutter items of issue 26 stay fixed (toolkit/cli_style.py, commands_engine.py,
+small CLI clutter items of issue 26 stay fixed (toolkit/cli/style.py, commands_engine.py,
 telemetry/live.py, the fit key)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import typer
 from typer.testing import CliRunner
 
 from toolkit.cli import app
-from toolkit.synth import synth_logs
+from toolkit.fit.synth import synth_logs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,7 +71,7 @@ def test_the_command_list_shows_each_first_paragraph_whole() -> None:
 
 
 def test_engine_role_collocated_is_the_default_and_null_an_alias() -> None:
-    from toolkit.commands_engine import ROLES
+    from toolkit.cli.engine import ROLES
 
     cmd = dict((" ".join(p), c) for p, c in COMMANDS)["engine"]
     role = next(p for p in cmd.params if p.name == "role")

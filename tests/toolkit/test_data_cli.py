@@ -19,8 +19,8 @@ from cluster.core import ConfigError
 from cluster.data import BUNDLED, DATASETS, data_path, dataset_path
 from cluster.workloads.traces import resolve_trace_path
 from toolkit.cli import app
-from toolkit.lss_data import lss_a6000_dir
-from toolkit.real_profiles import load_profile
+from toolkit.profiles.real import load_profile
+from toolkit.samples.lss_a6000 import lss_a6000_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared" / "data"

@@ -1,4 +1,4 @@
-"""What an engine model gets for an imported run (toolkit.engine_inputs)."""
+"""What an engine model gets for an imported run (toolkit.twin.engine_inputs)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from cluster.core import ConfigError
 from cluster.data import BUNDLED
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_profile import build_profile
-from toolkit.engine_inputs import engine_settings, load_engine_inputs
 from toolkit.importers import read_vllm_bench, write_runs
+from toolkit.twin.engine_inputs import engine_settings, load_engine_inputs
 
 LLAMA = BUNDLED / "models/meta-llama/Llama-3.1-8B.json"
 

@@ -1,4 +1,4 @@
-"""`pdlab export DB --run RUN --format parquet|csv -o DIR` (toolkit/commands_export.py over
+"""`pdlab export DB --run RUN --format parquet|csv -o DIR` (toolkit/cli/export.py over
 telemetry.transfer): every table's rows of one run, one file per table, and a manifest."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from cluster.sim.runner import simulate
 from cluster.sim.simulator import SimConfig
 from telemetry import TABLES, TelemetryWriter, import_run, open_reader
 from toolkit.cli import app
-from toolkit.synth import synth_logs
+from toolkit.fit.synth import synth_logs
 
 SMALL = SimConfig(workload="cc", agents=6, duration_s=150.0, warmup_s=30.0, nodes=2,
                   split="1P1D", seed=0)  # fmt: skip

@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from toolkit.cli import app
-from toolkit.fit_bench import DECODE_COEF, PREFILL_COEF, RUN_ID, write_bench_db
-from toolkit.fitting import fit_run
+from toolkit.fit.bench import DECODE_COEF, PREFILL_COEF, RUN_ID, write_bench_db
+from toolkit.fit.run import fit_run
 
 runner = CliRunner()
 

@@ -1,4 +1,4 @@
-"""`pdlab fit --form ... --ci ...` (toolkit.fit_forms) on logs whose truth has a context term."""
+"""`pdlab fit --form ... --ci ...` (toolkit.fit.forms) on logs whose truth has a context term."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from models.iteration import phi
 from telemetry import TelemetryWriter
 from telemetry.schema import ddl
 from toolkit.cli import app
-from toolkit.fit_forms import fit_run_forms, node_models
-from toolkit.fitting import FitInputError, fit_run, save_fits, to_json
+from toolkit.fit.forms import fit_run_forms, node_models
+from toolkit.fit.run import FitInputError, fit_run, save_fits, to_json
 
 runner = CliRunner()
 TRUTH_D = (0.012, 0.015, 2.8e-4, 1e-9)  # d0, d1, d2, d3 (s per context token)

@@ -17,8 +17,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from toolkit.fitting import FitInputError, fit_run
-from toolkit.synth import synth_logs
+from toolkit.fit.run import FitInputError, fit_run
+from toolkit.fit.synth import synth_logs
 
 ROOT = Path(__file__).resolve().parents[2]
 

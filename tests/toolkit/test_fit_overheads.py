@@ -1,4 +1,4 @@
-"""Serving overheads and pass work fitted from a run's telemetry (toolkit.fit_overheads,
+"""Serving overheads and pass work fitted from a run's telemetry (toolkit.fit.overheads,
 `pdlab fit --target`).
 
 A synthetic live PD run is written through the telemetry writer with known injected delays
@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from telemetry import TelemetryWriter
 from toolkit.cli import app
-from toolkit.fit_overheads import fit_overheads, load_overheads, save_overheads
+from toolkit.fit.overheads import fit_overheads, load_overheads, save_overheads
 from toolkit.queries.run import open_run
 
 runner = CliRunner()

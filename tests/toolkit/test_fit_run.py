@@ -1,4 +1,4 @@
-"""Fitting Eq. 1-2 per node from DuckDB (toolkit.fitting) on synthetic and hand-made logs."""
+"""Fitting Eq. 1-2 per node from DuckDB (toolkit.fit.run) on synthetic and hand-made logs."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 from models.fitting import GramStats, decode_features, fit_from_gram, prefill_features
 from telemetry import TelemetryWriter, open_reader
 from telemetry.schema import TABLES
-from toolkit.fitting import FitInputError, fit_run, save_fits, to_json
-from toolkit.synth import DEFAULT_TRUTH, synth_logs
+from toolkit.fit.run import FitInputError, fit_run, save_fits, to_json
+from toolkit.fit.synth import DEFAULT_TRUTH, synth_logs
 
 # Four nodes with different hardware (coefficients) and MoE shapes.
 TRUTHS = [

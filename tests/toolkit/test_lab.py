@@ -1,4 +1,4 @@
-"""`pdlab lab`'s defaults (toolkit/commands_lab.py): the live run is added to the main job's
+"""`pdlab lab`'s defaults (toolkit/cli/lab.py): the live run is added to the main job's
 database, the simulated cluster keeps a bounded lag (adaptive pace, cluster/sim/paced.py),
 and a real SIGTERM stops JupyterLab and the server at once, printing what is consolidated."""
 
@@ -20,9 +20,9 @@ from cluster.sim.paced import PaceConfig, PacedSimulation
 from cluster.sim.simulator import SimConfig
 from telemetry import open_reader
 from toolkit.cli import app
+from toolkit.cli.lab import LAB_SHAPE, MAIN_DB
 from toolkit.client import free_port
-from toolkit.commands_lab import LAB_SHAPE, MAIN_DB
-from toolkit.synth import synth_logs
+from toolkit.fit.synth import synth_logs
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,7 +1,7 @@
 """A fit whose held-out MAPE is huge or infinite prints as such, not as a 26-digit number.
 
 `pdlab fit` printed a 1e23 MAPE as `100000000000000000000000000.00%` (issue 28); the
-percentages of `fit`, `profile import` and `twin` go through toolkit.formatting.percent.
+percentages of `fit`, `profile import` and `twin` go through toolkit.cli.formatting.percent.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from datetime import datetime
 
 import pytest
 
-from toolkit.commands_fit import _print_table
-from toolkit.fitting import NodeFit, PhaseFit, RunFit
+from toolkit.cli.fit import _print_table
+from toolkit.fit.run import NodeFit, PhaseFit, RunFit
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from cluster.core import ConfigError
+from toolkit.fit.synth import synth_logs
 from toolkit.notebook import notebook_db, run_size
-from toolkit.synth import synth_logs
 
 
 def test_run_size_is_the_cells_choice_unless_the_tests_ask_for_quick(

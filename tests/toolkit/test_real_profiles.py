@@ -1,5 +1,5 @@
-"""Eq. 1-2 against iteration times composed from real GPU profiles (toolkit.real_profiles,
-toolkit.real_profile_report).
+"""Eq. 1-2 against iteration times composed from real GPU profiles (toolkit.profiles.real,
+toolkit.profiles.real_report).
 
 Findings asserted here (run with -s to see the full per-size tables):
 - A100 (vidur): the prefill model fitted on every composed point predicts iterations of
@@ -24,9 +24,9 @@ import pytest
 
 from models.estimators import PrefillRegressor
 from telemetry import TelemetryWriter
-from toolkit.fitting import fit_run
-from toolkit.real_profile_report import SERVING_MIN_TOKENS, ProfileReport, format_report, validate
-from toolkit.real_profiles import compose_decode, compose_prefill, load_profile
+from toolkit.fit.run import fit_run
+from toolkit.profiles.real import compose_decode, compose_prefill, load_profile
+from toolkit.profiles.real_report import SERVING_MIN_TOKENS, ProfileReport, format_report, validate
 
 
 @pytest.fixture(scope="module")

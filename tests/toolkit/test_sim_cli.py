@@ -16,8 +16,8 @@ from cluster.sim.config import CLI_FIELDS, SimConfig
 from cluster.sim.fields import cli_fields, sim_field
 from cluster.sim.resolved import ResolvedConfig
 from toolkit.cli import app
-from toolkit.sim_cli import sim_command
-from toolkit.sim_options import SimOptions
+from toolkit.cli.sim_command import sim_command
+from toolkit.cli.sim_options import SimOptions
 
 
 def _params(command: str) -> dict[str, object]:

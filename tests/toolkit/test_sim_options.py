@@ -10,7 +10,7 @@ import pytest
 
 from cluster.core import ConfigError
 from cluster.sim.simulator import SimConfig
-from toolkit.sim_options import (
+from toolkit.cli.sim_options import (
     SimOptions,
     check_config,
     clean_json,

@@ -100,7 +100,7 @@ def _kernels_below(pid: int) -> int:
 
 
 @pytest.mark.slow
-# SIGHUP reaches `lab` through the same handler as SIGTERM (toolkit.processes.stop_signals),
+# SIGHUP reaches `lab` through the same handler as SIGTERM (toolkit.serve.processes.stop_signals),
 # whose HUP path the serve test above takes: TERM and kill -9 here (each start of JupyterLab
 # with two kernels and two engines costs ~45 s of a 2-core CI machine).
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["TERM", "KILL"])

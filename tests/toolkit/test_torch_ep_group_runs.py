@@ -22,8 +22,8 @@ from typer.testing import CliRunner
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_tables import OperatorTables
 from cluster.hardware.pricer import IterationPricer, Parallelism
-from toolkit.torch_ep_group import BUNDLE_DIR, bundled_runs, ep_group_db
-from toolkit.torch_profile_calibration import calibrate, compute_ratios, pass_rows
+from toolkit.profiles.torch_calibration import calibrate, compute_ratios, pass_rows
+from toolkit.samples.torch_ep_group import BUNDLE_DIR, bundled_runs, ep_group_db
 
 RUNS = ("ep2-calibration", "ep2-poisson", "ep2-saturated")
 
@@ -34,7 +34,7 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_bundled_runs_load_as_the_twin_reads_them(db: Path) -> None:
-    from toolkit.engine_inputs import load_engine_inputs
+    from toolkit.twin.engine_inputs import load_engine_inputs
 
     assert set(RUNS) <= set(bundled_runs())
     inputs = load_engine_inputs(db, "ep2-poisson", BUNDLE_DIR / "profile_calibrated.json")

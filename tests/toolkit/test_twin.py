@@ -18,7 +18,7 @@ from telemetry import open_reader
 from toolkit.cli import app
 from toolkit.importers import BenchRun, read_vllm_bench, write_runs
 from toolkit.queries.serving import serving_metrics
-from toolkit.twin import run_twin
+from toolkit.twin.run import run_twin
 
 LLAMA = BUNDLED / "models/meta-llama/Llama-3.1-8B.json"
 runner = CliRunner()
@@ -165,7 +165,7 @@ def test_cli_errors_are_clear(real_db: Path, profile: Path, tmp_path: Path) -> N
 
 
 def test_what_if_changes_only_what_the_settings_change(profile: Path, tmp_path: Path) -> None:
-    from toolkit.twin_whatif import parse_changes, what_if
+    from toolkit.twin.whatif import parse_changes, what_if
 
     db = tmp_path / "s.duckdb"
     _synthetic(db, profile, requests=[(0.0, 1000, 50), (10.0, 300, 200), (20.0, 2000, 2)])
@@ -268,7 +268,7 @@ def test_an_moe_run_with_dp_and_ep_replays_on_ranks_in_step(tmp_path: Path) -> N
     # four ranks instead of two: vLLM's EP spans them all, so nobody waits for a seat
     # either way and each prefill's MoE layers run on four GPUs holding a quarter of the
     # experts each (3/4 of the tokens crossing the link instead of 1/2): TTFT falls
-    from toolkit.twin_whatif import what_if
+    from toolkit.twin.whatif import what_if
 
     wider = what_if(res, {"data_parallel_size": 4}, samples=100)
     assert (wider.engine.data_parallel_size, wider.engine.expert_parallel_size) == (4, 4)
@@ -277,8 +277,8 @@ def test_an_moe_run_with_dp_and_ep_replays_on_ranks_in_step(tmp_path: Path) -> N
 
 
 def test_what_if_a_pd_split_replays_on_the_cluster_simulator(profile: Path, tmp_path: Path) -> None:
-    from toolkit.twin_pd import pd_what_if
-    from toolkit.twin_whatif import parse_changes
+    from toolkit.twin.pd import pd_what_if
+    from toolkit.twin.whatif import parse_changes
 
     db = tmp_path / "s.duckdb"
     _synthetic(db, profile, requests=[(0.0, 1000, 50), (10.0, 300, 200), (20.0, 2000, 2)])
@@ -309,7 +309,7 @@ def test_the_pd_baseline_runs_mixed_iterations_as_the_engine_model_does(
     simulator's replay of the recorded layout runs vLLM V1's mixed iterations, priced by
     the engine model's rule, and gives the engine model's times (alternating prefill
     iterations and decode epochs gave mean TTFT -15%, TPOT +6%)."""
-    from toolkit.twin_pd import pd_what_if
+    from toolkit.twin.pd import pd_what_if
 
     db = tmp_path / "s.duckdb"
     _synthetic(db, profile, requests=[(0.03 * i, 1200 + 40 * i, 80) for i in range(10)])
@@ -327,7 +327,7 @@ def test_the_pd_baseline_tracks_a_saturated_real_run(real_db: Path, profile: Pat
     blocks: within 2.5% of the real means. With a host tier beside GPU memory it came out
     3.2-3.6% fast (the prefix cache and the running requests each had the whole GPU
     capacity)."""
-    from toolkit.twin_pd import pd_what_if
+    from toolkit.twin.pd import pd_what_if
 
     base = run_twin(real_db, "llama", profile, store=False, interval=False)
     split = pd_what_if(base, profile, {"split": "2P2D"}, samples=100)

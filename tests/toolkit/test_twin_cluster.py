@@ -1,4 +1,4 @@
-"""The twin of a PD cluster run (`pdlab twin DB --run R`, toolkit.twin_cluster).
+"""The twin of a PD cluster run (`pdlab twin DB --run R`, toolkit.twin.cluster).
 
 A simulated run replayed against itself comes out close (the fits recover its profile, the
 recorded cached prefixes are found again); a small live torch run (1P1D, in-process engines)
@@ -26,7 +26,7 @@ from cluster.workloads.program import Program, Segment, SegmentIds
 from telemetry import open_reader
 from toolkit.cli import app
 from toolkit.importers import BenchRun, write_runs
-from toolkit.twin_cluster import run_cluster_twin
+from toolkit.twin.cluster import run_cluster_twin
 
 runner = CliRunner()
 
@@ -140,7 +140,7 @@ def torch_run(tmp_path_factory):  # type: ignore[no-untyped-def]
     from cluster.live.cluster import SGLangCluster
     from cluster.live.cluster_file import ClusterConfig, ClusterSettings, EngineSpec
     from cluster.live.serving import ServerThread
-    from toolkit.commands_serve_sglang import create_sglang_app
+    from toolkit.serve.sglang import create_sglang_app
 
     cfg = EngineConfig(seed=1, gpu_pages=512, host_pages=1024)
     engines = [TorchEngine(cfg, role, enable_pd_role_switch=True) for role in ("prefill", "decode")]  # type: ignore[arg-type]

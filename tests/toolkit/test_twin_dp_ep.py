@@ -1,4 +1,4 @@
-"""`pdlab twin` of an MoE model served DP2 with expert parallelism (toolkit.twin).
+"""`pdlab twin` of an MoE model served DP2 with expert parallelism (toolkit.twin.run).
 
 The workload is the real ShareGPT run's (300 requests, Poisson ~10 req/s, outputs >= 512
 tokens; Qwen3-32B's request file: Qwen3-30B-A3B shares its tokenizer) with the engine
@@ -27,10 +27,10 @@ from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_profile import build_profile
 from telemetry import open_reader
 from toolkit.cli import app
-from toolkit.engine_inputs import BALANCED, load_engine_inputs
 from toolkit.importers import BenchRun, read_vllm_bench, write_runs
-from toolkit.twin import TwinResult, replay_inputs, run_twin, sim_timings
-from toolkit.twin_parameters import with_parameters
+from toolkit.twin.engine_inputs import BALANCED, load_engine_inputs
+from toolkit.twin.parameters import with_parameters
+from toolkit.twin.run import TwinResult, replay_inputs, run_twin, sim_timings
 
 MOE = BUNDLED / "models/Qwen/Qwen3-30B-A3B-Instruct-2507.json"
 runner = CliRunner()

@@ -13,11 +13,11 @@ from typer.testing import CliRunner
 from cluster.data import BUNDLED
 from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_profile import build_profile
-from toolkit.advise import advise
-from toolkit.advise_workload import load_run
+from toolkit.advise.run import advise
+from toolkit.advise.workload import load_run
 from toolkit.cli import app
 from toolkit.importers import BenchRun, read_vllm_bench, write_runs
-from toolkit.twin_guards import gpu_check, model_check
+from toolkit.twin.guards import gpu_check, model_check
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 LLAMA = BUNDLED / "models/meta-llama/Llama-3.1-8B.json"

@@ -19,9 +19,9 @@ from cluster.hardware.operator_profile import build_profile
 from cluster.hardware.operator_tables import OperatorTables
 from cluster.hardware.profile_error import NOISE_SCALE, grid_residuals, perturbed
 from toolkit.importers import read_vllm_bench, write_runs
-from toolkit.twin import TwinResult, run_twin
-from toolkit.twin_metrics import TwinMetric, combined_interval
-from toolkit.twin_parameters import CPU_PER_ITERATION_S, CPU_PER_SEQUENCE_S
+from toolkit.twin.metrics import TwinMetric, combined_interval
+from toolkit.twin.parameters import CPU_PER_ITERATION_S, CPU_PER_SEQUENCE_S
+from toolkit.twin.run import TwinResult, run_twin
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SHARED = Path(__file__).resolve().parents[3] / "shared/data"

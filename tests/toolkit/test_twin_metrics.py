@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from toolkit.twin_metrics import nan_percentile
+from toolkit.twin.metrics import nan_percentile
 
 VALUES = st.one_of(st.floats(-1e6, 1e6), st.just(float("nan")))
 

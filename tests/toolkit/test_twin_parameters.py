@@ -1,4 +1,4 @@
-"""One parameter system for every replay (toolkit.twin_parameters): each uncertain quantity
+"""One parameter system for every replay (toolkit.twin.parameters): each uncertain quantity
 listed once with its source and range, and `vary` changing exactly what it names."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from cluster.hardware.operator_profile import build_profile
 from cluster.hardware.pricer import Parallelism
 from cluster.hardware.profile_error import moe_composed
 from cluster.sim.engine_model import IterationOverhead
-from toolkit.twin_parameters import (
+from toolkit.twin.parameters import (
     CPU_PER_ITERATION_S,
     CPU_PER_SEQUENCE_S,
     ReplaySetup,

@@ -15,9 +15,9 @@ from cluster.hardware.model_shape import ModelShape
 from cluster.hardware.operator_profile import build_profile
 from toolkit.cli import app
 from toolkit.importers import read_vllm_bench, write_runs
-from toolkit.lss_data import import_lss_a6000
 from toolkit.plots import validation_series
-from toolkit.validate import validate_runs
+from toolkit.samples.lss_a6000 import import_lss_a6000
+from toolkit.validate.run import validate_runs
 
 A6000 = BUNDLED / "lss_ispass26_a6000"
 runner = CliRunner()

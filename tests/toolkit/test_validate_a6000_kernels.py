@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from cluster.data import BUNDLED
-from toolkit.lss_data import import_lss_a6000
-from toolkit.validate import validate_runs
+from toolkit.samples.lss_a6000 import import_lss_a6000
+from toolkit.validate.run import validate_runs
 
 A6000 = BUNDLED / "lss_ispass26_a6000"
 

@@ -1,5 +1,5 @@
 """`pdlab validate`'s intervals on the A6000 cluster setups: the model's error combined with
-each row's own spread (toolkit.validate_cluster, toolkit.cluster_interval), per-tick rows
+each row's own spread (toolkit.validate.cluster, toolkit.validate.cluster_interval), per-tick rows
 covered by the share of ticks inside the twin's band, and "not known" where the model has
 no measured bound (an MoE block composed from expert operators timed apart)."""
 
@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 
 from cluster.data import BUNDLED
-from toolkit.lss_data import import_lss_a6000
-from toolkit.twin_lss import (
+from toolkit.samples.lss_a6000 import import_lss_a6000
+from toolkit.twin.lss import (
     instance_parameters,
     instance_setups,
     kv_transfer_s,
     load_cluster_inputs,
 )
-from toolkit.twin_parameters import vary
-from toolkit.validate import validate_runs
+from toolkit.twin.parameters import vary
+from toolkit.validate.run import validate_runs
 
 A6000 = BUNDLED / "lss_ispass26_a6000"
 

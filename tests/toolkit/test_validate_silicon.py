@@ -20,9 +20,9 @@ from typer.testing import CliRunner
 from toolkit.cli import app
 from toolkit.plots.common import is_empty
 from toolkit.plots.silicon import silicon_scatter
-from toolkit.silicon_rows import load_rows
-from toolkit.silicon_twin import SiliconTwin, Unsupported
-from toolkit.validate_silicon import RowResult, store, summarize, validate_silicon
+from toolkit.validate.silicon import RowResult, store, summarize, validate_silicon
+from toolkit.validate.silicon_rows import load_rows
+from toolkit.validate.silicon_twin import SiliconTwin, Unsupported
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "aiconfigurator"
 CSV, SYSTEMS, CONFIGS = FIX / "silicon_sample.csv", FIX / "systems", FIX / "model_configs"

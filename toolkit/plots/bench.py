@@ -3,7 +3,7 @@
 `run(quick)` writes a run with 10M decode iterations over 8 MoE nodes and 10M finished
 requests (quick: 1M each) straight into a temporary DuckDB file through Arrow (numpy columns,
 not through the telemetry writer), then times, end to end through a telemetry reader:
-- `decode_fit` with the fit computed inside (toolkit.fitting.fit_run, no bootstrap) and
+- `decode_fit` with the fit computed inside (toolkit.fit.run.fit_run, no bootstrap) and
   with a precomputed fit (the figure alone: binned errors, hash sample, model curves);
 - `latency_distributions` (log-binned CDFs and quantiles over all requests).
 Each figure is the median of three builds (quick: one). `plot_10m_rows_s` is the slower of
@@ -27,7 +27,7 @@ from models.iteration import phi
 from telemetry import open_reader
 from telemetry.database import connect
 from telemetry.schema import all_ddl
-from toolkit.fitting import fit_run
+from toolkit.fit.run import fit_run
 from toolkit.plots.fits import decode_fit
 from toolkit.plots.latency import latency_distributions
 

@@ -17,7 +17,7 @@ import polars as pl
 from plotly.subplots import make_subplots
 
 from models.iteration import DecodeModel
-from toolkit.fitting import PhaseFit, RunFit
+from toolkit.fit.run import PhaseFit, RunFit
 from toolkit.plots.common import no_data, node_color, style
 from toolkit.queries.fits import FitData, fit_data
 from toolkit.queries.run import Source, open_run

@@ -129,7 +129,7 @@ def twin_queue(
 ) -> go.Figure:
     """The real run's running/waiting (recorded by its engine, else from its request times)
     under the twin's engine trace (t_s, running, waiting, kv_blocks after every iteration;
-    `toolkit.twin.TwinResult.engines[i].trace`), kept to about `points` steps (each step's
+    `toolkit.twin.run.TwinResult.engines[i].trace`), kept to about `points` steps (each step's
     last state). With `kv_blocks` (the twin's KV capacity) its KV use joins the recorded one.
     """
     with open_run(db, run_id) as run:

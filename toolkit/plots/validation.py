@@ -1,6 +1,6 @@
 """Real vs twin vs peer series of one validated run (`pdlab validate`, notebook 07).
 
-`validation_series(table, run)` draws what `toolkit.validate.validate_runs` computed for a
+`validation_series(table, run)` draws what `toolkit.validate.run.validate_runs` computed for a
 run (`ValidationTable.series[run]`: t, metric, node_id, source, value): one panel per
 metric and instance (generation throughput per tick; GPU memory in use and prefix hit %
 per instance; the shared CPU pool's), the real run solid, the twin dashed, each peer

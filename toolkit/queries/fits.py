@@ -1,6 +1,6 @@
 """Measured vs predicted iteration times per node (paper 000 §5.1, Eq. 1-2; Fig. 5, Fig. B.1).
 
-Coefficients come from `toolkit.fitting.fit_run` (held-out MAPE in each `PhaseFit`) unless a
+Coefficients come from `toolkit.fit.run.fit_run` (held-out MAPE in each `PhaseFit`) unless a
 `RunFit` is passed. Predictions and bins are computed in DuckDB with the coefficients as
 query parameters: the relative error (measured − predicted) / measured per node, binned two
 ways in one scan — Σt_uc (half-octaves) and requests per batch for prefill, batch size B
@@ -17,8 +17,8 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 import polars as pl
 
-from toolkit.fit_sql import PHASE_SQL, PhaseSql, values_list
-from toolkit.fitting import FitInputError, PhaseFit, RunFit, fit_run
+from toolkit.fit.run import FitInputError, PhaseFit, RunFit, fit_run
+from toolkit.fit.sql import PHASE_SQL, PhaseSql, values_list
 from toolkit.queries.run import Run, hash_sample
 
 BINS_PER_OCTAVE = 2  # token bins are half-octaves: fine enough to show a trend, >10 rows each

@@ -167,7 +167,7 @@ def test_a_client_leaving_the_pd_proxy_cancels_both_engine_calls() -> None:
     from cluster.live.cluster import SGLangCluster
     from cluster.live.cluster_file import ClusterConfig, ClusterSettings, EngineSpec
     from cluster.live.serving import ServerThread
-    from toolkit.commands_serve_sglang import create_sglang_app
+    from toolkit.serve.sglang import create_sglang_app
 
     # Prefill passes of ~0.3 s, two requests at a time: some clients leave while queued
     # there, the others while decoding (~5 ms passes).

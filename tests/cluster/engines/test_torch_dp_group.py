@@ -175,7 +175,7 @@ def test_every_pass_and_moe_layer_is_logged_and_stored(group, tmp_path: Path) ->
     assert (engine["data_parallel_size"], engine["expert_parallel_size"]) == (2, 2)
     assert engine["num_gpu_blocks"] == 256 and engine["mixed_prefill_decode"] is False
     con.close()
-    from toolkit.torch_ep_group import ep_group_db, write_bundle
+    from toolkit.samples.torch_ep_group import ep_group_db, write_bundle
 
     write_bundle(db, "ep2", bundle=tmp_path / "bundle")  # what --bundle keeps in the repo
     again = duckdb.connect(str(ep_group_db(tmp_path / "again.duckdb", tmp_path / "bundle")))

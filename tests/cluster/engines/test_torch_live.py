@@ -23,7 +23,7 @@ from cluster.live.serving import ServerThread
 from cluster.workloads.builder import ProgramBuilder
 from cluster.workloads.program import Program, Segment, SegmentIds
 from telemetry import open_reader
-from toolkit.commands_serve_sglang import create_sglang_app
+from toolkit.serve.sglang import create_sglang_app
 
 TOKEN = "t0k"
 

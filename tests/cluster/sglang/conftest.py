@@ -141,7 +141,7 @@ def live_cluster(tmp_path: Path):  # type: ignore[no-untyped-def]
     from cluster.live.cluster import SGLangCluster
     from cluster.live.cluster_file import ClusterConfig, ClusterSettings, EngineSpec
     from cluster.live.serving import ServerThread
-    from toolkit.commands_serve_sglang import create_sglang_app
+    from toolkit.serve.sglang import create_sglang_app
 
     made: list[LiveHarness] = []
 

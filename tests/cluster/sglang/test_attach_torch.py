@@ -27,9 +27,9 @@ from cluster.live.cluster_file import ClusterConfig, ClusterSettings, EngineSpec
 from cluster.live.fleet_file import AttachedEngine, FleetConfig, FleetSettings
 from cluster.live.serving import ServerThread
 from telemetry import open_reader
+from toolkit.cli.attach import create_attach_app
 from toolkit.client import PdlabClient
-from toolkit.commands_attach import create_attach_app
-from toolkit.commands_serve_sglang import create_sglang_app
+from toolkit.serve.sglang import create_sglang_app
 from toolkit.widgets import ClusterDashboard
 
 TOKEN = "t0k"

@@ -25,8 +25,8 @@ from cluster.live.attached import AttachedFleet
 from cluster.live.fleet_file import load_fleet_file
 from cluster.live.serving import ServerThread
 from telemetry import open_reader
+from toolkit.cli.attach import create_attach_app
 from toolkit.client import PdlabApiError, PdlabClient
-from toolkit.commands_attach import create_attach_app
 
 TOKEN = "t0k"
 

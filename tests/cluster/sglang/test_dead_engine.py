@@ -22,7 +22,7 @@ from cluster.live.cluster_file import ClusterSettings
 from cluster.live.launched import EngineLaunch, LaunchedCluster
 from cluster.live.serving import ServerThread
 from telemetry import open_reader
-from toolkit.commands_serve_sglang import create_sglang_app
+from toolkit.serve.sglang import create_sglang_app
 
 STANDIN = (sys.executable, "-m", "cluster.engines.standin.server", "--role", "{role}",
            "--host", "{host}", "--port", "{port}", "--bootstrap-port", "0",

@@ -2,7 +2,7 @@
 
 Agent programs (fork, sub-agent, compaction, branch finish) run through the proxy; KV
 events from the engines build the directory and show up as prefix reuse in routing;
-forward-pass metrics land in DuckDB and `toolkit.fitting.fit_run` recovers the stand-ins'
+forward-pass metrics land in DuckDB and `toolkit.fit.run.fit_run` recovers the stand-ins'
 iteration-time models; a manual phase switch through the REST API drains the node, calls
 /pd_role_switch, and resumes routing with the node in its new role.
 """
@@ -23,7 +23,7 @@ from cluster.workloads import make_workload
 from cluster.workloads.builder import ProgramBuilder
 from cluster.workloads.program import Program, Segment, SegmentIds
 from telemetry import open_reader
-from toolkit.fitting import fit_run
+from toolkit.fit.run import fit_run
 
 
 def _small_agent(program_id: str) -> Program:

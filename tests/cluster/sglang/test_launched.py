@@ -27,7 +27,7 @@ from cluster.live.launched import EngineLaunch, LaunchedCluster
 from cluster.live.serving import ServerThread
 from cluster.workloads import TraceParams, TraceSource
 from telemetry import open_reader
-from toolkit.commands_serve_sglang import create_sglang_app
+from toolkit.serve.sglang import create_sglang_app
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "traces"
 STANDIN = (sys.executable, "-m", "cluster.engines.standin.server", "--role", "{role}",

@@ -21,7 +21,7 @@ from cluster.live.serving import ServerThread
 from cluster.workloads.builder import ProgramBuilder
 from cluster.workloads.program import Program, Segment, SegmentIds
 from telemetry import open_reader
-from toolkit.commands_serve_sglang import create_sglang_app
+from toolkit.serve.sglang import create_sglang_app
 
 # The order a PD request lives its stages in (requests.* and request_stages.*), along the
 # engines' path; the proxy forwards the first token somewhere between the decode engine

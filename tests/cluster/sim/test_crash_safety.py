@@ -38,7 +38,7 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 def _recover(db: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    code = "import typer; from toolkit.commands_recover import recover_command as c; typer.run(c)"
+    code = "import typer; from toolkit.cli.recover import recover_command as c; typer.run(c)"
     return subprocess.run(
         [sys.executable, "-c", code, str(db)], capture_output=True, text=True, env=env, timeout=120
     )

@@ -15,7 +15,7 @@ from cluster.hardware.profiles import PRESETS
 from cluster.sim.runner import simulate
 from cluster.sim.simulator import SimConfig
 from models import DecodeRegressor
-from toolkit.fitting import fit_run, to_json
+from toolkit.fit.run import fit_run, to_json
 
 PROFILE = PRESETS["gb300"]
 

@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 
 from models.iteration import DecodeModel, PrefillModel, phi
-from toolkit.fitting import fit_run
+from toolkit.fit.run import fit_run
 from toolkit.plots import decode_fit, phi_curve, prefill_fit
 
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from models.iteration import phi
-from toolkit.fitting import fit_run, mape_table
+from toolkit.fit.run import fit_run, mape_table
 from toolkit.plots import phi_curve
 from toolkit.queries import decode_noise, open_run, phi_data
-from toolkit.torch_sample import torch_sample_db
+from toolkit.samples.torch_cluster import torch_sample_db
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,1 @@
+"""`pdlab advise`: the PD splits of N nodes ranked for a recorded run's workload (SPEC §9)."""

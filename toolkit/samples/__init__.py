@@ -1,0 +1,1 @@
+"""The real runs pdlab ships (toolkit/data/), each loaded in one call."""

@@ -1,0 +1,1 @@
+"""`pdlab twin`: a recorded run replayed on models of its serving (SPEC §9)."""
