@@ -51,11 +51,12 @@ def serve_sglang(
 ) -> None:
     """Discover the engines, then serve until Ctrl-C / SIGTERM / SIGHUP (the run is closed)."""
     from cluster.live.cluster import SGLangCluster
-    from toolkit.serve.loop import http_server, run_until_stopped
+    from toolkit.serve.loop import bind_port, http_server, run_until_stopped
     from toolkit.serve.processes import log_to_stderr
 
     log_to_stderr()
     try:
+        listen = bind_port(host, port)
         cluster = SGLangCluster(cluster_file, db_path=db, run_id=run_id)
         cluster.prepare()
     except ConfigError as err:
@@ -69,7 +70,8 @@ def serve_sglang(
         f"  data plane: {url}/generate, {url}/v1/chat/completions (OpenAI base_url {url}/v1)\n"
         f"  mutating control calls: Authorization: Bearer {token}"
     )
-    run_until_stopped(http_server(app, host=host, port=port), url=url, token=token, banner=banner)
+    server = http_server(app, host=host, port=port)
+    run_until_stopped(server, url=url, token=token, banner=banner, listen=listen)
     s = cluster.summary
     if s is not None:
         console.print(

@@ -39,9 +39,10 @@ def serve_simulated(
     """The simulated cluster paced to wall-clock time behind the server."""
     from cluster.server import ControlService, create_app
     from cluster.sim.paced import PacedSimulation
-    from toolkit.serve.loop import http_server, run_until_stopped
+    from toolkit.serve.loop import bind_port, http_server, run_until_stopped
 
     try:
+        listen = bind_port(host, port)
         engines = PacedSimulation(cfg, db, pace, run_id, say=_say)
         service = ControlService(engines)
     except (ConfigError, ValueError) as err:
@@ -55,7 +56,7 @@ def serve_simulated(
         f"  mutating calls: Authorization: Bearer {token}"
     )
     server = http_server(create_app(service, token), host=host, port=port)
-    run_until_stopped(server, url=url, token=token, banner=banner)
+    run_until_stopped(server, url=url, token=token, banner=banner, listen=listen)
     # The run is stored and closed: the process exits without freeing the simulated cluster
     # object by object (seconds for 100,000 agents after a SIGTERM).
     leave_garbage_to_os()

@@ -176,7 +176,7 @@ def serve_torch(
     run_id: str | None,
 ) -> None:
     """Start the engines, serve until Ctrl-C / SIGTERM / SIGHUP, stop everything."""
-    from toolkit.serve.loop import http_server, run_until_stopped
+    from toolkit.serve.loop import bind_port, http_server, run_until_stopped
     from toolkit.serve.processes import log_to_stderr
     from toolkit.serve.sglang import create_sglang_app
 
@@ -185,6 +185,7 @@ def serve_torch(
     local = f"http://127.0.0.1:{port}" if host in ("0.0.0.0", "::") else url
     server: uvicorn.Server | None = None
     try:
+        listen = bind_port(host, port)  # before the engines take ephemeral ports
         cluster = build_cluster(opts, db, run_id, token=token)
         agents = build_agents(opts, local, lambda: server is not None and server.should_exit)
     except ConfigError as err:
@@ -210,7 +211,7 @@ def serve_torch(
         )
         starter = threading.Thread(target=_start_agents, args=(server, agents), daemon=True)
         starter.start()
-        run_until_stopped(server, url=url, token=token, banner=banner)
+        run_until_stopped(server, url=url, token=token, banner=banner, listen=listen)
     except KeyboardInterrupt:
         pass
     finally:
