@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import shutil
 from pathlib import Path
 
@@ -41,6 +42,36 @@ def _copy(src: Path, rel: str) -> int:
     return out.stat().st_size
 
 
+SUMS = "SHA256SUMS"  # sha256 of each bundled file's plain bytes, as in the full copy
+
+
+def plain_bytes(path: Path) -> bytes:
+    """A file's bytes, decompressed when it is a `.gz`."""
+    return gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+
+
+def write_sums(src: Path) -> int:
+    """SHA256SUMS: one `<sha256>  <path in the bundle>` line per bundled file, the digest of
+    the full copy's plain bytes, so a checkout without the full copy can still check that
+    its bundle is the full copy's bytes (tests/toolkit/test_data_cli.py)."""
+    lines = []
+    for d in DATASETS:
+        base = BUNDLED / d.path
+        files = (
+            sorted(p for p in base.rglob("*") if p.is_file())
+            if base.is_dir()
+            else [base if base.is_file() else base.with_name(base.name + ".gz")]
+        )
+        for f in files:
+            rel = f.relative_to(BUNDLED)
+            full = src / (rel.with_suffix("") if f.suffix == ".gz" else rel)
+            if not full.exists():  # the full copy keeps some files gzipped itself
+                full = src / rel
+            lines.append(f"{hashlib.sha256(plain_bytes(full)).hexdigest()}  {rel}")
+    (BUNDLED / SUMS).write_text("\n".join(lines) + "\n")
+    return len(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--from", dest="src", type=Path,
@@ -62,6 +93,7 @@ def main() -> None:
             total += _copy(src, rel)
         lines.append(f"| `{d.name}` | `{d.path}` | {d.what} | {d.source} | {d.license} |")
     (BUNDLED / "SOURCE.md").write_text("\n".join(lines) + "\n")
+    write_sums(src)
     print(f"bundled {len(DATASETS)} data sets into {BUNDLED}: {total / 1e6:.1f} MB")
 
 

@@ -4,10 +4,8 @@ real value on the two dev runs (RTX 4090 Llama-3.1-8B, RTX PRO 6000 Qwen3-32B TP
 from __future__ import annotations
 
 import csv
-import gzip
 import json
 import math
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -31,18 +29,12 @@ MEANS = ("ttft_mean_s", "tpot_mean_s", "e2e_mean_s")
 
 
 def _qwen_tp2_bundle(tmp: Path) -> Path:
-    """The full TP 2 bundle: shared data when present, else the committed gzip copy."""
+    """The full TP 2 bundle (all 19,364 attention rows): the shared data's, else the bundled
+    copy's (its attention.csv gzipped; the readers take `.gz`)."""
     shared = SHARED / "profiles/llmservingsim_rtxpro6000_qwen3_32b/tp2"
     if (shared / "attention.csv").is_file():
         return shared
-    out = tmp / "tp2"
-    out.mkdir()
-    src = BUNDLED / "profiles/llmservingsim_rtxpro6000_qwen3_32b"
-    for name in ("dense.csv", "per_sequence.csv"):
-        shutil.copy(src / "tp2" / name, out / name)
-    with gzip.open(src / "tp2_attention_full/attention.csv.gz", "rb") as f:
-        (out / "attention.csv").write_bytes(f.read())
-    return out
+    return BUNDLED / "profiles/llmservingsim_rtxpro6000_qwen3_32b/tp2"
 
 
 @pytest.fixture(scope="module")
