@@ -23,7 +23,13 @@ MAX_LINES = 500
 # simulator, never importing it or each other (the CLI wires them together); below them the
 # engine streams (`cluster.wire`) and SGLang's own formats (`cluster.sglang`) above those.
 TOOLKIT_DATA = ("toolkit.queries", "toolkit.importers", "toolkit.samples")
-BASE = ("cluster.core", "cluster.input_files", "cluster.size_limits", "cluster.data")
+BASE = (
+    "cluster.core",
+    "cluster.input_files",
+    "cluster.size_limits",
+    "cluster.data",
+    "cluster.http_door",
+)
 ALLOWED: dict[str, tuple[str, ...]] = {
     "models": (),
     "telemetry": (),
@@ -53,6 +59,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "cluster.core": (),
     "cluster.input_files": ("cluster.core",),
     "cluster.size_limits": ("cluster.core",),
+    "cluster.http_door": (),  # ASGI helpers of the engine's and the server's doors
     "cluster.data": ("cluster.core",),  # the real data shipped with pdlab (and full copies)
     "cluster.kv": ("models", *BASE),
     "cluster.hardware": ("models", *BASE),

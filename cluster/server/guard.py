@@ -17,14 +17,13 @@ other error of the API.
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import Callable, Sequence
-from typing import Any
 
-from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, Match
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from cluster.http_door import answer, counting_receive, length_refusal, request_headers
 
 MAX_BODY_BYTES = 4096
 MISSING_TOKEN = (
@@ -76,21 +75,18 @@ class RequestGuard:
         if mutates is None:  # not a control route
             await self.app(scope, receive, send)
             return
-        headers = _headers(scope)
+        headers = request_headers(scope)
         if mutates:
             problem = token_problem(headers.get("authorization"), self.token)
             if problem is not None:
-                await _answer(send, 401, problem, [(b"www-authenticate", b"Bearer")])
+                await answer(send, 401, problem, [(b"www-authenticate", b"Bearer")])
                 return
-        length = headers.get("content-length")
-        if length is not None:
-            if not length.isdigit():
-                await _answer(send, 400, "Content-Length must be a non-negative integer")
-                return
-            if int(length) > self.max_body_bytes:
-                await _answer(send, 413, too_large(self.max_body_bytes))
-                return
-        await self.app(scope, self._counting(receive), send)
+        limit, refused = self.max_body_bytes, too_large(self.max_body_bytes)
+        refusal = length_refusal(headers, limit, refused)
+        if refusal is not None:
+            await answer(send, *refusal)
+            return
+        await self.app(scope, counting_receive(receive, limit, refused), send)
 
     def _mutates(self, scope: Scope) -> bool | None:
         """Whether the control route `scope` asks for mutates; None: no control route."""
@@ -98,39 +94,3 @@ class RequestGuard:
             if route.matches(scope)[0] is Match.FULL:
                 return mutates
         return None
-
-    def _counting(self, receive: Receive) -> Receive:
-        """`receive` that refuses a body (sent without a length) once it passes the limit."""
-        seen = 0
-        limit = self.max_body_bytes
-
-        async def counted() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > limit:
-                    raise HTTPException(413, too_large(limit))
-            return message
-
-        return counted
-
-
-def _headers(scope: Scope) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for key, value in scope.get("headers", ()):
-        out.setdefault(key.decode("latin-1").lower(), value.decode("latin-1"))
-    return out
-
-
-async def _answer(
-    send: Send, status: int, detail: str, extra: list[tuple[bytes, bytes]] | None = None
-) -> None:
-    body = json.dumps({"detail": detail}).encode()
-    headers: list[Any] = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        *(extra or []),
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})

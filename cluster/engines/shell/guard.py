@@ -19,7 +19,6 @@ and generation need none, like SGLang without --api-key. Answers are JSON `{"det
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import secrets
 from collections.abc import Callable, Collection
@@ -27,8 +26,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fastapi import FastAPI
-from starlette.exceptions import HTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from cluster.http_door import answer, counting_receive, length_refusal, request_headers
 
 H = TypeVar("H", bound=Callable[..., Any])
 TOKEN_ENV = "PDLAB_ENGINE_TOKEN"
@@ -125,60 +125,21 @@ class EngineGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = _headers(scope)
+        headers = request_headers(scope)
         if scope["path"] in self.mutations and scope["method"] not in READS:
             problem = None if self.token is None else token_problem(
                 headers.get("authorization"), self.token
             )  # fmt: skip
             if problem is not None:
-                await _answer(send, 401, problem, [(b"www-authenticate", b"Bearer")])
+                await answer(send, 401, problem, [(b"www-authenticate", b"Bearer")])
                 return
             ctype = headers.get("content-type", "").split(";")[0].strip().lower()
             if ctype != "application/json":
-                await _answer(send, 415, NOT_JSON)
+                await answer(send, 415, NOT_JSON)
                 return
-        length = headers.get("content-length")
-        if length is not None:
-            if not length.isdigit():
-                await _answer(send, 400, "Content-Length must be a non-negative integer")
-                return
-            if int(length) > self.max_body_bytes:
-                await _answer(send, 413, too_large(self.max_body_bytes))
-                return
-        await self.app(scope, self._counting(receive), send)
-
-    def _counting(self, receive: Receive) -> Receive:
-        """`receive` that refuses a body (sent without a length) once it passes the limit."""
-        seen = 0
-        limit = self.max_body_bytes
-
-        async def counted() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > limit:
-                    raise HTTPException(413, too_large(limit))
-            return message
-
-        return counted
-
-
-def _headers(scope: Scope) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for key, value in scope.get("headers", ()):
-        out.setdefault(key.decode("latin-1").lower(), value.decode("latin-1"))
-    return out
-
-
-async def _answer(
-    send: Send, status: int, detail: str, extra: list[tuple[bytes, bytes]] | None = None
-) -> None:
-    body = json.dumps({"detail": detail}).encode()
-    headers: list[Any] = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        *(extra or []),
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+        limit, refused = self.max_body_bytes, too_large(self.max_body_bytes)
+        refusal = length_refusal(headers, limit, refused)
+        if refusal is not None:
+            await answer(send, *refusal)
+            return
+        await self.app(scope, counting_receive(receive, limit, refused), send)
