@@ -28,7 +28,7 @@ from cluster.wire.kv_events import WireError
 from cluster.wire.subscriber import (
     DEFAULT_MAX_MESSAGE_BYTES,
     SequencedSubscriber,
-    StreamStats,
+    SubscribedCollector,
 )
 
 logger = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 MetricsCallback = Callable[[ForwardPassMetrics, PrefillRow | None, DecodeRow | None], None]
 
 
-class ForwardMetricsCollector:
+class ForwardMetricsCollector(SubscribedCollector):
     """Subscribe to one node's FPM stream and emit one iteration row per forward pass.
 
     `chunk_tokens` (the engine's chunked_prefill_size, /server_info) sharpens the ΣA
@@ -74,23 +74,6 @@ class ForwardMetricsCollector:
             name=f"pdlab-fpm-{node_id}",
             max_message_bytes=max_message_bytes,
         )
-
-    @property
-    def stats(self) -> StreamStats:
-        return self._sub.stats
-
-    def start(self) -> ForwardMetricsCollector:
-        self._sub.start()
-        return self
-
-    def stop(self) -> None:
-        self._sub.stop()
-
-    def __enter__(self) -> ForwardMetricsCollector:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def _emit(self, seq: int, table: str, iter_id: int, row: PrefillRow | DecodeRow) -> bool:
         """Hand one row to the sink; False (counted, warned) if the sink refused it."""

@@ -22,7 +22,7 @@ from cluster.wire.kv_events import BatchDecoder, WireError, kv_event_rows
 from cluster.wire.subscriber import (
     DEFAULT_MAX_MESSAGE_BYTES,
     SequencedSubscriber,
-    StreamStats,
+    SubscribedCollector,
 )
 
 logger = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 KVEventCallback = Callable[[list[KVEvent]], None]
 
 
-class KVEventCollector:
+class KVEventCollector(SubscribedCollector):
     """Subscribe to one node's KV event stream; see the module docstring.
 
     `callbacks` get each batch's events in publish order (replayed batches are delivered in
@@ -71,23 +71,6 @@ class KVEventCollector:
             name=f"pdlab-kv-{node_id}",
             max_message_bytes=max_message_bytes,
         )
-
-    @property
-    def stats(self) -> StreamStats:
-        return self._sub.stats
-
-    def start(self) -> KVEventCollector:
-        self._sub.start()
-        return self
-
-    def stop(self) -> None:
-        self._sub.stop()
-
-    def __enter__(self) -> KVEventCollector:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def _on_message(self, seq: int, payload: bytes, recovered: bool) -> None:
         try:

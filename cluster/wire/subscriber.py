@@ -37,6 +37,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from typing import Self
 
 import zmq
 
@@ -323,3 +324,28 @@ class SequencedSubscriber:
         else:
             logger.warning("replay recovered %d of %d missing messages", len(got), missing)
         return dealer
+
+
+class SubscribedCollector:
+    """The lifecycle every collector of a stream shares (KV events, forward-pass metrics,
+    vLLM steps): its subscriber's stats, start/stop, and use as a context manager. A
+    subclass sets `self._sub` to its `SequencedSubscriber`."""
+
+    _sub: SequencedSubscriber
+
+    @property
+    def stats(self) -> StreamStats:
+        return self._sub.stats
+
+    def start(self) -> Self:
+        self._sub.start()
+        return self
+
+    def stop(self) -> None:
+        self._sub.stop()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

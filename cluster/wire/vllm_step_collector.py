@@ -21,7 +21,7 @@ from cluster.wire.kv_events import WireError
 from cluster.wire.subscriber import (
     DEFAULT_MAX_MESSAGE_BYTES,
     SequencedSubscriber,
-    StreamStats,
+    SubscribedCollector,
 )
 from cluster.wire.vllm_step_rows import StepMapper, StepRows
 from cluster.wire.vllm_steps import STEPS_TOPIC, VLLMStep, decode_step
@@ -95,7 +95,7 @@ class StepEmitter:
             self.num_rows[table] += n
 
 
-class VLLMStepCollector:
+class VLLMStepCollector(SubscribedCollector):
     """Subscribe to one vLLM server's step stream (all its DP ranks) into an emitter."""
 
     def __init__(
@@ -119,23 +119,6 @@ class VLLMStepCollector:
             name=name,
             max_message_bytes=max_message_bytes,
         )
-
-    @property
-    def stats(self) -> StreamStats:
-        return self._sub.stats
-
-    def start(self) -> VLLMStepCollector:
-        self._sub.start()
-        return self
-
-    def stop(self) -> None:
-        self._sub.stop()
-
-    def __enter__(self) -> VLLMStepCollector:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def _on_message(self, seq: int, payload: bytes, recovered: bool) -> None:
         try:
